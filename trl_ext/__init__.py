@@ -1,0 +1,22 @@
+"""trl_ext: GRPO / Dr.GRPO ablations with verified rewards, on top of Hugging Face TRL.
+
+Light to import: `trl_ext.rewards` and `trl_ext.tasks` do not pull in TRL; the trainer and its config load on
+first use of `trl_ext.AblationGRPOConfig` / `trl_ext.AblationGRPOTrainer`.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "AblationGRPOConfig": "trl_ext.config",
+    "AblationGRPOTrainer": "trl_ext.trainer",
+}
+
+__all__ = ["AblationGRPOConfig", "AblationGRPOTrainer", "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext' has no attribute {name!r}")

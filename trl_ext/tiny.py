@@ -1,0 +1,102 @@
+"""Tiny offline models: a character-level tokenizer and a small Qwen3-architecture causal LM built from a config.
+
+Used by the embedded default (`make run`), the tests and the benchmarks, where no hub download is possible.
+Nothing here is trained; weights are random until a recipe trains them.
+"""
+
+from __future__ import annotations
+
+import string
+
+SPECIAL_TOKENS = ["<pad>", "<eos>"]
+# Ordinary added tokens: they survive `decode(skip_special_tokens=True)`, so rewards still see the tags.
+TAG_TOKENS = ["<answer>", "</answer>", "<think>", "</think>"]
+CHARS = list(string.digits + string.ascii_letters + string.punctuation + " \n")
+
+
+def build_char_tokenizer(chars: list[str] | None = None, model_max_length: int = 512):
+    """A character-level `PreTrainedTokenizerFast`: one token per character, plus the answer/think tags.
+
+    Args:
+        chars: the character vocabulary (default: printable ASCII, space and newline).
+        model_max_length: recorded on the tokenizer.
+
+    Returns:
+        A tokenizer with pad `<pad>`, eos `<eos>`, no bos, left padding (what generation wants).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = CHARS if chars is None else chars
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + TAG_TOKENS + list(dict.fromkeys(chars)) + ["<unk>"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens(TAG_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        bos_token=None,
+        padding_side="left",
+        model_max_length=model_max_length,
+    )
+
+
+def build_tiny_qwen3(
+    tokenizer,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    dtype: str = "float32",
+):
+    """A randomly initialised Qwen3-architecture causal LM sized for CPU tests (tied embeddings).
+
+    Args:
+        tokenizer: gives the vocabulary size and the pad / eos ids.
+        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size: the architecture.
+        max_position_embeddings: longest prompt + completion.
+        seed: torch seed for the initialisation (same seed, same weights).
+        dtype: parameter dtype name.
+
+    Returns:
+        A `Qwen3ForCausalLM` whose generation config stops at the tokenizer's eos and pads with its pad token.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=dtype,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
+    return model
+
+
+def save_tiny_model(path, tokenizer=None, **model_kwargs) -> str:
+    """Build a char tokenizer + tiny Qwen3 and save both to `path` (a directory `from_pretrained` can load)."""
+    tokenizer = tokenizer or build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
