@@ -1,0 +1,136 @@
+"""The rewards in TRL's reward-function protocol: `f(completions, **dataset_columns) -> list[float]`.
+
+Usable as `trl.GRPOTrainer(reward_funcs=[countdown_reward])` in any TRL project. Each is a picklable class instance
+with a fixed `__name__` (TRL names its `rewards/<name>/mean` metric after it; closures would not pickle for TRL's
+async rollout worker). Completions may be plain strings or chat messages (`[{"role": "assistant", "content": ...}]`).
+
+When TRL passes `log_metric` (TRL >= 1.16 does), each call also reports the batch means of its two components as
+`rewards/<name>/format_reward` and `rewards/<name>/answer_reward`; with `log_extra` they become per-sample columns
+of the completions table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from trl_ext.rewards.countdown import countdown_reward_components, parse_countdown_ground_truth
+from trl_ext.rewards.math import GRADE_TIMEOUT_S, extract_gsm8k_answer, question_only_reward_fn, r1_zero_reward_fn
+
+__all__ = ["CountdownReward", "MathReward", "completion_text"]
+
+
+def completion_text(completion) -> str:
+    """The text of one completion: a string as is; for chat messages, the assistant contents joined."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    parts = []
+    for message in completion or ():
+        if not isinstance(message, Mapping) or message.get("role", "assistant") != "assistant":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, Sequence):  # content blocks: [{"type": "text", "text": ...}]
+            parts.extend(block.get("text", "") for block in content if isinstance(block, Mapping))
+    return "".join(part for part in parts if isinstance(part, str))
+
+
+def _column(columns: Mapping, names: tuple[str, ...], n: int, reward_name: str) -> list:
+    for name in names:
+        if columns.get(name) is not None:
+            values = list(columns[name])
+            if len(values) != n:
+                raise ValueError(f"{reward_name}: column {name!r} has {len(values)} values for {n} completions")
+            return values
+    present = sorted(key for key in columns if key not in _TRL_KWARGS)
+    raise ValueError(f"{reward_name} needs a dataset column named one of {list(names)}; the batch has {present}")
+
+
+_TRL_KWARGS = {"prompts", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
+
+
+def _report(name: str, components: list[dict], log_metric: Callable | None, log_extra: Callable | None) -> None:
+    for key in ("format_reward", "answer_reward"):
+        values = [c[key] for c in components]
+        if log_metric is not None and values:
+            log_metric(f"rewards/{name}/{key}", sum(values) / len(values))
+        if log_extra is not None:
+            log_extra(f"{name}/{key}", values)
+
+
+class CountdownReward:
+    """Countdown reward (1.0 / 0.1 / 0.0) for TRL; see `trl_ext.rewards.countdown`.
+
+    Reads the dataset columns `target` and `nums` (or `numbers`), or a `ground_truth` column of
+    `{"numbers" | "nums", "target"}` dicts (or TinyZero's `reward_model` column holding one under `ground_truth`).
+
+    Args:
+        require_all: every given number must be used exactly once (TinyZero) instead of at most once (seed 000).
+    """
+
+    __name__ = "countdown_reward"
+
+    def __init__(self, require_all: bool = False) -> None:
+        self.require_all = require_all
+        if require_all:
+            self.__name__ = "countdown_reward_all_numbers"
+
+    def ground_truths(self, n: int, columns: Mapping) -> list[Mapping]:
+        if columns.get("target") is not None:
+            targets = _column(columns, ("target",), n, self.__name__)
+            numbers = _column(columns, ("nums", "numbers"), n, self.__name__)
+            return [{"numbers": nums, "target": target} for nums, target in zip(numbers, targets, strict=True)]
+        if columns.get("reward_model") is not None:
+            models = _column(columns, ("reward_model",), n, self.__name__)
+            return [model["ground_truth"] for model in models]
+        return _column(columns, ("ground_truth",), n, self.__name__)
+
+    def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
+        truths = self.ground_truths(len(completions), columns)
+        for truth in truths:  # bad data fails here, before any completion is scored
+            parse_countdown_ground_truth(truth)
+        components = [
+            countdown_reward_components(completion_text(c), truth, self.require_all)
+            for c, truth in zip(completions, truths, strict=True)
+        ]
+        _report(self.__name__, components, log_metric, log_extra)
+        return [c["reward"] for c in components]
+
+    def __repr__(self) -> str:
+        return f"CountdownReward(require_all={self.require_all})"
+
+
+class MathReward:
+    """A MATH / GSM8K reward for TRL: `r1_zero` (answer in `<answer>` tags) or `question_only` (`\\boxed{}`).
+
+    Reads the dataset column `ground_truth` (or `answer`): a str / number or a list of acceptable answers. A GSM8K
+    solution with a `#### N` line (the raw `answer` column of `openai/gsm8k`) is reduced to `N`.
+
+    Args:
+        style: `"r1_zero"` or `"question_only"`.
+        timeout: per-comparison limit in seconds of the symbolic stage of `grade`.
+    """
+
+    _STYLES = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn}
+
+    def __init__(self, style: str = "r1_zero", timeout: float = GRADE_TIMEOUT_S) -> None:
+        if style not in self._STYLES:
+            raise ValueError(f"unknown math reward style {style!r}; valid: {sorted(self._STYLES)}")
+        self.style = style
+        self.timeout = timeout
+        self.__name__ = f"{style}_reward"
+
+    def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
+        truths = _column(columns, ("ground_truth", "answer"), len(completions), self.__name__)
+        truths = [extract_gsm8k_answer(t) if isinstance(t, str) and "####" in t else t for t in truths]
+        reward_fn = self._STYLES[self.style]
+        components = [
+            reward_fn(completion_text(c), truth, self.timeout) for c, truth in zip(completions, truths, strict=True)
+        ]
+        _report(self.__name__, components, log_metric, log_extra)
+        return [c["reward"] for c in components]
+
+    def __repr__(self) -> str:
+        return f"MathReward(style={self.style!r}, timeout={self.timeout})"
