@@ -19,7 +19,7 @@ from trl.trainer.utils import get_config_model_id
 from trl_ext.config import AblationGRPOConfig
 from trl_ext.objectives import compute_policy_gradient_loss, group_normalize, reduce_loss
 
-# Optional multimodal inputs that TRL's `_compute_loss` forwards from the batch to `_get_per_token_logps_and_entropies`.
+# Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
     "pixel_values",
     "image_grid_thw",
@@ -39,8 +39,9 @@ class AblationGRPOTrainer(GRPOTrainer):
 
     Overrides exactly:
 
-    - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused) and `train_batch_size`
-      is checked against `accelerator.num_processes` (the config could only read `$WORLD_SIZE`).
+    - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); `train_batch_size`
+      is checked against `accelerator.num_processes` (the config could only read `$WORLD_SIZE`); HF's per-device
+      `_train_batch_size` is reset, since the seed field `train_batch_size` shadows HF's property of that name.
     - `_calculate_rewards`: calls TRL's and keeps its gathered `(N_global, n_reward_funcs)` rewards.
     - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with ours (this
       process's slice of the global advantages, sliced as TRL does) and the advantages TRL just appended to the
@@ -71,6 +72,9 @@ class AblationGRPOTrainer(GRPOTrainer):
             )
         self._gathered_rewards: torch.Tensor | None = None
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
+        # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
+        self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
         world = self.accelerator.num_processes
         if args.train_batch_size is not None:
             actual = args.per_device_train_batch_size * args.gradient_accumulation_steps * world

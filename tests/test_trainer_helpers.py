@@ -1,0 +1,139 @@
+"""Shared helpers of the trainer tests (tiny models, rewards, trainer factories, an independent log-prob reference).
+
+Imported by the `test_trainer_*.py` modules; its own tests check the helpers that the others trust.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
+TARGET_CHARS = set("0123456789")
+
+# Kept small on purpose: every trainer test must fit the suite's CPU budget.
+COMMON = dict(
+    report_to="none",
+    use_cpu=True,
+    save_strategy="no",
+    logging_steps=1,
+    max_completion_length=8,
+    num_generations=4,
+    per_device_train_batch_size=8,
+    seed=0,
+    data_seed=0,
+    bf16=False,
+    disable_dropout=True,
+    learning_rate=1e-2,
+    dataloader_num_workers=0,
+)
+
+
+def id_reward(completion_ids, **kwargs) -> list[float]:
+    """A deterministic reward with spread inside most groups: `(sum of token ids mod 5) / 4` in [0, 1]."""
+    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+def digit_share_reward(completions, **kwargs) -> list[float]:
+    """Share of the completion's characters that are digits (0 for an empty completion); learnable fast."""
+    return [sum(ch in TARGET_CHARS for ch in text) / max(len(text), 1) for text in completions]
+
+
+def prompt_dataset(n_repeats: int = 8):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": PROMPTS * n_repeats})
+
+
+def make_trainer(tokenizer, output_dir, stock: bool = False, model=None, reward=id_reward, dataset=None, **overrides):
+    """A stock `trl.GRPOTrainer` or an `AblationGRPOTrainer` on a tiny Qwen3 (seed 0 weights unless `model`)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+    from trl_ext.tiny import build_tiny_qwen3
+
+    kwargs = {**COMMON, "output_dir": str(output_dir), **overrides}
+    config_cls, trainer_cls = (GRPOConfig, GRPOTrainer) if stock else (AblationGRPOConfig, AblationGRPOTrainer)
+    model = (
+        build_tiny_qwen3(
+            tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=0
+        )
+        if model is None
+        else model
+    )
+    return trainer_cls(
+        model,
+        reward,
+        args=config_cls(**kwargs),
+        train_dataset=prompt_dataset() if dataset is None else dataset,
+        processing_class=tokenizer,
+    )
+
+
+def group_inputs(prompts=PROMPTS[:2], group_size: int = 4) -> list[dict]:
+    """A generation batch as TRL's sampler lays it out: each prompt repeated `group_size` times, contiguous."""
+    return [{"prompt": p} for p in prompts for _ in range(group_size)]
+
+
+def generate(trainer, inputs, seed: int = 1) -> dict:
+    """`_generate_and_score_completions` in train mode with a fixed sampling seed."""
+    trainer.model.train()
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions(copy.deepcopy(inputs))
+
+
+def loss_and_grads(trainer, batch, accumulation: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`trainer._compute_loss` on `batch` in train mode, then backward; returns the loss and every parameter grad."""
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = accumulation
+    loss = trainer._compute_loss(model, batch)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@torch.no_grad()
+def perturb_(model, seed: int = 123, scale: float = 0.05) -> None:
+    """Add the same seeded Gaussian noise to every parameter (so two copies stay identical)."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def reference_logps(model, batch) -> torch.Tensor:
+    """Log-probs `(B, T)` of the completion tokens from a plain forward + log_softmax (independent of TRL)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, P + T, V)
+    t = batch["completion_ids"].size(1)
+    logps = torch.log_softmax(logits[:, -t - 1 : -1].float(), dim=-1)
+    return logps.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over parameters of `|a - b|_max / (|b|_max + 1e-12)`; also checks both have the same parameters."""
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).abs().max() / (b[k].abs().max() + 1e-12)).item() for k in a)
+
+
+def test_rewards_by_hand():
+    # ids 1+2+3 = 6 -> 6 % 5 = 1 -> 0.25; 4 % 5 = 4 -> 1.0
+    assert id_reward([[1, 2, 3], [4]]) == [0.25, 1.0]
+    # "a1b2" has 2 digits of 4 characters; "" counts as 0
+    assert digit_share_reward(["a1b2", "", "99"]) == [0.5, 0.0, 1.0]
+
+
+def test_reference_logps_match_trl(char_tokenizer, tmp_path):
+    trainer = make_trainer(char_tokenizer, tmp_path)
+    batch = generate(trainer, group_inputs())
+    ours = reference_logps(trainer.model, batch)
+    trl_logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model,
+        torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
+        batch["completion_ids"].size(1),
+    )
+    mask = batch["completion_mask"].bool()
+    torch.testing.assert_close(ours[mask], trl_logps[mask], atol=1e-5, rtol=1e-5)
