@@ -1,0 +1,35 @@
+"""GSM8K with GRPO and the R1-Zero prompt (seed 002; `recipes/gsm8k/*.yaml`).
+
+    accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/gsm8k.py \\
+        --config recipes/gsm8k/r1_zero.yaml [--flag value ...]
+
+`--help` lists every recipe field. Steps: parse the recipe (YAML `base:` chain, then flags) -> GSM8K questions
+(trl_ext.tasks) -> r1_zero reward (trl_ext.rewards) -> AblationGRPOTrainer -> train -> save -> validation.
+"""
+
+from __future__ import annotations
+
+from trl_ext.recipes import (
+    adapt_generation_kwargs,
+    build_grpo_trainer,
+    load_grpo_datasets,
+    parse_recipe_args,
+    train_save_evaluate,
+)
+from trl_ext.rewards import get_reward_funcs
+
+TASK = "gsm8k"
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    script_args, training_args, model_args = parse_recipe_args(TASK, argv)
+    adapt_generation_kwargs(training_args)
+    # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
+    train_dataset, eval_dataset = load_grpo_datasets(TASK, script_args, training_args)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
+    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""MATH with GRPO (seeds 001-003, and seed 003's r1_zero vs question_only prompt ablation; `recipes/math/*.yaml`).
+
+    accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/math.py \\
+        --config recipes/math/r1_zero.yaml [--flag value ...]
+
+`--help` lists every recipe field. Steps: parse the recipe (YAML `base:` chain, then flags) -> MATH problems
+(trl_ext.tasks) -> r1_zero / question_only reward (trl_ext.rewards) -> AblationGRPOTrainer -> train -> save ->
+validation.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# `python recipes/math.py` puts recipes/ first on sys.path, where this file would shadow the standard `math` module.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from trl_ext.recipes import (
+    adapt_generation_kwargs,
+    build_grpo_trainer,
+    load_grpo_datasets,
+    parse_recipe_args,
+    train_save_evaluate,
+)
+from trl_ext.rewards import get_reward_funcs
+
+TASK = "math"
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    script_args, training_args, model_args = parse_recipe_args(TASK, argv)
+    adapt_generation_kwargs(training_args)
+    # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
+    train_dataset, eval_dataset = load_grpo_datasets(TASK, script_args, training_args)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
+    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
+
+
+if __name__ == "__main__":
+    main()
