@@ -26,12 +26,16 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     of size 1e4 in fp32.
 
     Args:
-        logits: `(B, T, V)` (any leading shape). fp16 / bf16 input is computed in fp32.
+        logits: `(B, T, V)` (any leading shape); -inf entries (banned tokens) are allowed. fp16 / bf16 input is
+            computed in fp32.
 
     Returns:
         `(B, T)` entropies in nats; fp32 for fp16 / bf16 / fp32 input, fp64 for fp64 input.
     """
     log_p = torch.log_softmax(_upcast(logits), dim=-1)
+    # A -inf logit (a banned token) has p = 0 and log p = -inf; clamping log p to the dtype's lowest finite value
+    # makes its term 0 * finite = 0 instead of NaN, in the value and in the gradient.
+    log_p = log_p.clamp(min=torch.finfo(log_p.dtype).min)
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
