@@ -1,0 +1,67 @@
+"""MATH loader: competition problems with a final answer string (hiyouga/math12k train, MATH-500 test).
+
+The ground truth is the dataset's `answer` field verbatim (LaTeX such as `\\frac{14}{3}`); `trl_ext.rewards.grade`
+decides equivalence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trl_ext.tasks._io import as_text, build_dataset, convert_rows, first_field, read_rows
+from trl_ext.tasks.prompts import format_prompt, get_prompt
+
+TRAIN_HUB_ID = "hiyouga/math12k"
+TEST_HUB_ID = "HuggingFaceH4/MATH-500"
+PROMPT_NAMES = ("r1_zero", "question_only", "intellect")
+DEFAULT_PROMPT = "r1_zero"
+COLUMNS = ["prompt", "question", "ground_truth"]
+#: Columns kept when the source has them (MATH-500 does), for per-subject / per-level breakdowns.
+EXTRA_COLUMNS = ("solution", "subject", "level", "unique_id")
+
+
+def load_math(
+    source: str | Path | Any = None,
+    split: str = "train",
+    prompt: str | None = None,
+    chat: bool = False,
+    limit: int | None = None,
+    config: str | None = None,
+    data_files: Any = None,
+):
+    """MATH problems with the `r1_zero` (default), `question_only` or `intellect` prompt.
+
+    Args:
+        source: local `.jsonl` with `problem` (or `question`) and `answer`, a `datasets.Dataset`, or a Hub id.
+            Default: `hiyouga/math12k` for split `train`, `HuggingFaceH4/MATH-500` for any other split.
+        split: Hub split.
+        prompt: `r1_zero`, `question_only` or `intellect` (a system prompt; see `trl_ext.tasks.prompts`).
+        chat: chat messages instead of plain text.
+        limit: keep the first `limit` rows.
+        config, data_files: passed to `datasets.load_dataset` for Hub sources.
+
+    Returns:
+        A `datasets.Dataset` with columns `prompt`, `question`, `ground_truth` (the `answer` string), plus those of
+        `solution`, `subject`, `level`, `unique_id` the source has.
+    """
+    prompt = prompt or DEFAULT_PROMPT
+    if prompt not in PROMPT_NAMES:
+        get_prompt(prompt)  # an unknown name lists every prompt
+        raise ValueError(f"prompt {prompt!r} is not for MATH; valid prompts: {', '.join(PROMPT_NAMES)}")
+    if source is None:
+        source = TRAIN_HUB_ID if split == "train" else TEST_HUB_ID
+    rows, origin = read_rows(source, split=split, config=config, data_files=data_files, limit=limit)
+    extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0]]
+
+    def convert(row: dict) -> dict:
+        question = as_text(first_field(row, ("problem", "question")), "problem")
+        out = {
+            "prompt": format_prompt(prompt, chat=chat, question=question),
+            "question": question,
+            "ground_truth": as_text(first_field(row, ("answer",)), "answer"),
+        }
+        out.update({name: row.get(name) for name in extras})
+        return out
+
+    return build_dataset(convert_rows(rows, origin, convert), COLUMNS + extras)
