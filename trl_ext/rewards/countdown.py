@@ -170,7 +170,8 @@ def _evaluate_exact(equation: str, allow_decimals: bool = False) -> Number | Non
     if allow_decimals and "." in equation:
         equation = _DECIMAL.sub(lambda m: f"({int(m.group(1) + m.group(2))}/{10 ** len(m.group(2))})", equation)
     try:
-        tree = ast.parse(equation.strip(), mode="eval")
+        # Joined onto one line: a newline outside parentheses would end the expression for Python's parser.
+        tree = ast.parse(" ".join(equation.split()), mode="eval")
         return _evaluate_node(tree.body)
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         return None

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 
 __all__ = [
@@ -288,7 +289,13 @@ def grade(
     pred_value, gold_value = _as_number(pred), _as_number(gold)
     if pred_value is not None and gold_value is not None:
         return pred_value == gold_value
-    return _WORKER.verify(gold_text, pred_text, timeout)
+    return _symbolic_equal(gold_text, pred_text, timeout)
+
+
+@lru_cache(maxsize=1 << 16)
+def _symbolic_equal(gold: str, prediction: str, timeout: float) -> bool:
+    # Cached: a GRPO group repeats the same extracted answers, and an answer that timed out once would again.
+    return _WORKER.verify(gold, prediction, timeout)
 
 
 def _ground_truths(ground_truth) -> list[str]:
