@@ -21,9 +21,8 @@ from test_trainer_helpers import (
     max_rel_diff,
     perturb_,
     reference_logps,
+    tiny_model,
 )
-
-from trl_ext.tiny import build_tiny_qwen3
 
 PAIRS = {
     "grpo": (
@@ -141,9 +140,7 @@ def test_reinforce_with_baseline_matches_naive_gradient(char_tokenizer, tmp_path
 
 def test_no_clip_differs_from_clip_exactly_where_ratios_leave_the_band(char_tokenizer, tmp_path):
     eps = 0.2
-    model = build_tiny_qwen3(
-        char_tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=0
-    )
+    model = tiny_model(char_tokenizer)
     shared = dict(num_iterations=2, length_normalization="masked_normalize", normalize_constant=1.0, epsilon=eps)
     clip = make_trainer(char_tokenizer, tmp_path / "clip", model=model, pg_loss_type="grpo_clip", **shared)
     no_clip = make_trainer(char_tokenizer, tmp_path / "noclip", model=model, pg_loss_type="grpo_no_clip", **shared)

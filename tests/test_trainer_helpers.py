@@ -46,24 +46,35 @@ def prompt_dataset(n_repeats: int = 8):
     return Dataset.from_dict({"prompt": PROMPTS * n_repeats})
 
 
-def make_trainer(tokenizer, output_dir, stock: bool = False, model=None, reward=id_reward, dataset=None, **overrides):
-    """A stock `trl.GRPOTrainer` or an `AblationGRPOTrainer` on a tiny Qwen3 (seed 0 weights unless `model`)."""
+def tiny_model(tokenizer, seed: int = 0):
+    """A 1-layer, 32-wide Qwen3 (about 10k parameters with the char vocabulary), same weights for the same seed."""
+    from trl_ext.tiny import build_tiny_qwen3
+
+    return build_tiny_qwen3(
+        tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=seed
+    )
+
+
+def make_trainer(
+    tokenizer,
+    output_dir,
+    stock: bool = False,
+    model=None,
+    reward=id_reward,
+    dataset=None,
+    trainer_cls=None,
+    **overrides,
+):
+    """A stock `trl.GRPOTrainer` or an `AblationGRPOTrainer` (or `trainer_cls`) on a tiny Qwen3 (seed 0 weights)."""
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
-    from trl_ext.tiny import build_tiny_qwen3
 
     kwargs = {**COMMON, "output_dir": str(output_dir), **overrides}
-    config_cls, trainer_cls = (GRPOConfig, GRPOTrainer) if stock else (AblationGRPOConfig, AblationGRPOTrainer)
-    model = (
-        build_tiny_qwen3(
-            tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=0
-        )
-        if model is None
-        else model
-    )
+    config_cls, default_cls = (GRPOConfig, GRPOTrainer) if stock else (AblationGRPOConfig, AblationGRPOTrainer)
+    trainer_cls = trainer_cls or default_cls
     return trainer_cls(
-        model,
+        tiny_model(tokenizer) if model is None else model,
         reward,
         args=config_cls(**kwargs),
         train_dataset=prompt_dataset() if dataset is None else dataset,

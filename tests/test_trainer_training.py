@@ -1,0 +1,120 @@
+"""AblationGRPOTrainer inside `Trainer.train()`: gradient accumulation, reuse of a rollout (off-policy), resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_trainer_helpers import make_trainer, reference_logps
+
+from trl_ext import AblationGRPOTrainer
+
+# Plain SGD with a constant rate and no clipping: one step moves the weights by exactly -lr * grad.
+SGD = dict(optim="sgd", lr_scheduler_type="constant", learning_rate=0.1, max_grad_norm=0.0, warmup_steps=0)
+
+
+@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
+def test_gradient_accumulation_invariance(char_tokenizer, tmp_path, length_normalization):
+    """The same 8 completions as 1 micro-batch of 8 (GA=1) or 2 of 4 (GA=2) give the same update."""
+    runs = {}
+    for ga in (1, 2):
+        trainer = make_trainer(
+            char_tokenizer,
+            tmp_path / f"ga{ga}",
+            length_normalization=length_normalization,
+            group_size=4,
+            rollout_batch_size=8,
+            train_batch_size=8,
+            gradient_accumulation_steps=ga,
+            max_steps=1,
+            **SGD,
+        )
+        assert trainer._train_batch_size == 8 // ga  # HF's per-device batch, not the seed's train_batch_size
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters()}
+        runs[ga] = (list(trainer._logs["completion"]), delta, trainer.state.log_history[0]["grad_norm"])
+
+    assert runs[1][0] == runs[2][0] and len(runs[1][0]) == 8  # the same sampled completions
+    assert runs[1][2] > 1e-3
+    assert runs[1][2] == pytest.approx(runs[2][2], rel=1e-5)
+    for name, d1 in runs[1][1].items():
+        torch.testing.assert_close(runs[2][1][name], d1, rtol=1e-4, atol=1e-7, msg=name)
+
+
+class RecordingTrainer(AblationGRPOTrainer):
+    """Records what each loss call sees: old log-probs, current log-probs (plain forward), completions."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generations, self.seen = 0, []
+
+    def _generate_and_score_completions(self, inputs):
+        self.generations += 1
+        return super()._generate_and_score_completions(inputs)
+
+    def _compute_loss(self, model, inputs):
+        with torch.no_grad():
+            current = reference_logps(model, inputs)
+        self.seen.append({"old": inputs["old_per_token_logps"].clone(), "current": current, **inputs})
+        return super()._compute_loss(model, inputs)
+
+
+def test_epochs_per_rollout_batch_reuses_old_logps(char_tokenizer, tmp_path):
+    trainer = make_trainer(
+        char_tokenizer,
+        tmp_path,
+        trainer_cls=RecordingTrainer,
+        group_size=4,
+        rollout_batch_size=8,
+        train_batch_size=8,
+        epochs_per_rollout_batch=2,
+        max_steps=4,
+        learning_rate=5e-2,
+    )
+    trainer.train()
+    assert trainer.generations == 2  # 4 optimizer steps, 2 epochs per rollout batch
+    steps = trainer.seen
+    assert len(steps) == 4
+
+    def max_ratio_gap(step):
+        mask = step["completion_mask"].bool()
+        return (torch.exp(step["current"] - step["old"])[mask] - 1).abs().max().item()
+
+    for first, second in ((steps[0], steps[1]), (steps[2], steps[3])):
+        # Old log-probs are computed once per rollout batch and handed to both epochs unchanged.
+        assert torch.equal(first["completion_ids"], second["completion_ids"])
+        assert torch.equal(first["old"], second["old"])
+        assert max_ratio_gap(first) < 1e-4  # first epoch: the sampling policy is the current one
+        assert max_ratio_gap(second) > 1e-2  # second epoch: one optimizer step later, ratios leave 1
+    assert not torch.equal(steps[0]["completion_ids"], steps[2]["completion_ids"])  # a fresh rollout
+
+
+def test_resume_from_checkpoint_continues_identically(char_tokenizer, tmp_path):
+    common = dict(
+        pg_loss_type="reinforce_with_baseline",  # a loss whose value is not identically ~0 on-policy
+        group_size=4,
+        rollout_batch_size=8,
+        train_batch_size=8,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+    )
+
+    def history(trainer):
+        return [(h["step"], h["loss"], h["grad_norm"], h["reward"]) for h in trainer.state.log_history if "loss" in h]
+
+    full = make_trainer(char_tokenizer, tmp_path / "full", **common)
+    full.train()
+    resumed = make_trainer(char_tokenizer, tmp_path / "resumed", **common)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+
+    # The resumed state carries the checkpoint's log history (steps 1-2); steps 3-4 are the ones it ran.
+    expected, got = history(full)[2:], history(resumed)[2:]
+    assert [h[0] for h in got] == [3, 4]
+    assert all(abs(h[1]) > 1e-4 for h in expected)
+    for (step, loss, grad_norm, reward), (_, loss_r, grad_norm_r, reward_r) in zip(expected, got, strict=True):
+        assert loss_r == pytest.approx(loss, rel=1e-5, abs=1e-7), step
+        assert grad_norm_r == pytest.approx(grad_norm, rel=1e-5), step
+        assert reward_r == pytest.approx(reward), step
+    for (name, p), p_r in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p_r, p, msg=name)
