@@ -1,0 +1,200 @@
+"""Task loaders on the real files: row counts, prompt contents, ground truth, both Countdown layouts, bad rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import shared_path
+
+from trl_ext.tasks import PROMPTS, RowError, countdown_question, load_task
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---- Countdown ----
+
+
+@pytest.fixture(scope="module")
+def countdown_dev(shared_data):
+    import pyarrow.parquet as pq
+
+    path = shared_path("countdown", "dev.parquet")
+    return path, pq.read_table(path).to_pylist()
+
+
+def test_countdown_tinyzero_parquet_reproduces_tinyzero_prompts(countdown_dev):
+    path, rows = countdown_dev
+    dataset = load_task("countdown", str(path))
+    assert dataset.column_names == ["prompt", "nums", "target"]
+    assert len(dataset) == len(rows) == 1024
+    assert dataset["nums"] == [row["nums"] for row in rows]
+    assert dataset["target"] == [row["target"] for row in rows]
+    # The `tinyzero` prompt rebuilt from (nums, target) is character for character TinyZero's stored prompt.
+    assert dataset["prompt"] == [row["prompt"][0]["content"] for row in rows]
+
+
+def test_countdown_chat_and_seed001_prompts(countdown_dev):
+    path, rows = countdown_dev
+    chat = load_task("countdown", path, chat=True, limit=5)
+    assert len(chat) == 5
+    for example, row in zip(chat, rows, strict=False):
+        (message,) = example["prompt"]
+        assert message["role"] == "user"
+        question = (
+            f"Using the numbers {row['nums']}, create an equation that equals {row['target']}. You can use basic "
+            "arithmetic operations (+, -, *, /) and each number can only be used once."
+        )
+        assert message["content"].startswith(question + " Show your work in <think> </think> tags.")
+        assert "Assistant" not in message["content"]
+    seed001 = load_task("countdown", path, prompt="countdown", limit=3)
+    r1_zero = load_task("countdown", path, prompt="r1_zero", limit=3)
+    for plain, r1, row in zip(seed001["prompt"], r1_zero["prompt"], rows, strict=False):
+        question = countdown_question(row["nums"], row["target"])
+        assert question.startswith(f"Using the numbers {row['nums']}, create an equation that equals {row['target']}.")
+        assert plain == PROMPTS["countdown"].replace("{question}", question)
+        assert r1.endswith(f"User: {question}\nAssistant: <think>")
+    compact = load_task("countdown", path, prompt="compact", limit=1)
+    assert compact["prompt"] == [f"{rows[0]['nums']} -> {rows[0]['target']} :"]
+
+
+def test_countdown_plain_jsonl_layout(tmp_path):
+    rows = [{"nums": [14, 1, 10], "target": 5}, {"nums": [3, 5, 7, 9], "target": 24}, {"nums": [2, 2], "target": 4}]
+    path = write_jsonl(tmp_path / "plain.jsonl", rows)
+    dataset = load_task("countdown", path)
+    assert len(dataset) == 3
+    assert dataset["nums"] == [r["nums"] for r in rows]
+    assert dataset["target"] == [5, 24, 4]
+    assert "Using the numbers [3, 5, 7, 9], create an equation that equals 24." in dataset["prompt"][1]
+
+
+def test_countdown_hub_code_path_on_a_local_parquet(countdown_dev):
+    # source="parquet" + data_files goes through datasets.load_dataset, the branch a Hub id takes.
+    path, rows = countdown_dev
+    dataset = load_task("countdown", "parquet", data_files=str(path), split="train", limit=7)
+    assert len(dataset) == 7
+    assert dataset["target"] == [row["target"] for row in rows[:7]]
+    assert dataset["prompt"] == [row["prompt"][0]["content"] for row in rows[:7]]
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ({"nums": [1, 2, 3]}, "missing field 'target'"),
+        ({"target": 6}, "missing field 'nums'"),
+        ({"nums": [1, 2.5, 3], "target": 6}, r"field 'nums' must be an integer, got 2\.5"),
+        ({"nums": [1, "2", 3], "target": 6}, "field 'nums' must be an integer, got '2'"),
+        ({"nums": [1, 2, 3], "target": "six"}, "field 'target' must be an integer"),
+        ({"nums": [], "target": 6}, "field 'nums' is empty"),
+        (
+            {"nums": [1, 2, 3], "target": 6, "reward_model": {"ground_truth": {"numbers": [1, 2, 4], "target": 6}}},
+            r"reward_model\.ground_truth .* disagrees with nums=\[1, 2, 3\], target=6",
+        ),
+    ],
+)
+def test_countdown_malformed_row_names_file_and_row(tmp_path, bad_row, message):
+    good = {"nums": [1, 2, 3], "target": 6}
+    path = write_jsonl(tmp_path / "bad.jsonl", [good, good, bad_row, good])
+    with pytest.raises(RowError, match=rf"bad\.jsonl: row 2: {message}"):
+        load_task("countdown", path)
+
+
+def test_invalid_json_line_and_missing_file(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"nums": [1, 2], "target": 3}\n\n{"nums": [1, 2], "target": \n', encoding="utf-8")
+    with pytest.raises(RowError, match=r"broken\.jsonl: row 1 \(line 3\): invalid JSON"):
+        load_task("countdown", path)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_task("countdown", tmp_path / "missing.jsonl")
+
+
+def test_unknown_task_and_wrong_prompt_for_task(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"nums": [1, 2], "target": 3}])
+    with pytest.raises(ValueError, match="unknown task 'mat'; valid tasks: countdown, gsm8k, math"):
+        load_task("mat", path)
+    with pytest.raises(ValueError, match="not for Countdown; valid prompts: tinyzero, countdown, r1_zero, compact"):
+        load_task("countdown", path, prompt="intellect")
+    with pytest.raises(ValueError, match="unknown prompt 'r1'; valid prompts: "):
+        load_task("gsm8k", path, prompt="r1")
+
+
+# ---- GSM8K ----
+
+
+def test_gsm8k_test_split(shared_data):
+    path = shared_path("gsm8k", "test.jsonl")
+    raw = read_jsonl(path)
+    dataset = load_task("gsm8k", path)
+    assert len(dataset) == len(raw) == 1319
+    assert dataset.column_names == ["prompt", "question", "ground_truth", "solution"]
+    # Checked by hand against the solutions: 16-3-4=9 eggs * $2; 2 + 2/2 bolts; 200,000-130,000; 3*3*60; 60-15-25.
+    assert dataset["ground_truth"][:5] == ["18", "3", "70000", "540", "20"]
+    assert dataset["ground_truth"][146] == "2125"  # "#### 2,125": 500 + 1500 + 125, thousands comma dropped
+    for example, row in zip(dataset.select(range(50)), raw, strict=False):
+        assert example["prompt"] == PROMPTS["r1_zero"].replace("{question}", row["question"])
+        assert example["prompt"].endswith(f"User: {row['question']}\nAssistant: <think>")
+    only = load_task("gsm8k", path, prompt="question_only", chat=True, limit=2)
+    assert only["prompt"] == [[{"role": "user", "content": row["question"]}] for row in raw[:2]]
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ({"question": "   ", "answer": "#### 3"}, "field 'question' must be a non-empty string"),
+        ({"answer": "#### 3"}, "missing field 'question'"),
+        ({"question": "How many?", "answer": "three"}, "field 'answer' has no '#### <final answer>' line"),
+        ({"question": "How many?", "answer": "so #### "}, "field 'answer' has an empty '####' final answer"),
+    ],
+)
+def test_gsm8k_malformed_row_names_file_and_row(tmp_path, bad_row, message):
+    good = {"question": "1+2?", "answer": "1+2=3\n#### 3"}
+    path = write_jsonl(tmp_path / "gsm.jsonl", [good, bad_row])
+    with pytest.raises(RowError, match=rf"gsm\.jsonl: row 1: {message}"):
+        load_task("gsm8k", path)
+
+
+# ---- MATH ----
+
+
+def test_math500_ground_truth_is_the_answer_field(shared_data):
+    path = shared_path("math", "math500_test.jsonl")
+    raw = read_jsonl(path)
+    dataset = load_task("math", path, split="test")
+    assert len(dataset) == len(raw) == 500
+    assert dataset["ground_truth"] == [row["answer"] for row in raw]
+    assert dataset["question"] == [row["problem"] for row in raw]
+    assert dataset["subject"] == [row["subject"] for row in raw]
+    assert all(p.endswith("Assistant: <think>") for p in dataset["prompt"])
+    assert all(row["problem"] in p for row, p in zip(raw, dataset["prompt"], strict=True))
+    intellect = load_task("math", path, prompt="intellect", chat=True, limit=3)
+    for example, row in zip(intellect, raw, strict=False):
+        assert example["prompt"] == [
+            {"role": "system", "content": PROMPTS["intellect"]},
+            {"role": "user", "content": row["problem"]},
+        ]
+
+
+def test_math12k_train_with_limit(shared_data):
+    path = shared_path("math", "math12k_train.jsonl")
+    dataset = load_task("math", path, prompt="question_only", limit=20)
+    raw = [json.loads(line) for line, _ in zip(path.open(encoding="utf-8"), range(20), strict=False)]
+    assert dataset.column_names == ["prompt", "question", "ground_truth"]
+    assert dataset["prompt"] == [row["problem"] for row in raw]
+    assert dataset["ground_truth"] == [str(row["answer"]) for row in raw]
+
+
+def test_math_malformed_row_names_file_and_row(tmp_path):
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}, {"problem": "", "answer": "0"}]
+    path = write_jsonl(tmp_path / "m.jsonl", rows)
+    with pytest.raises(RowError, match=r"m\.jsonl: row 2: field 'problem' must be a non-empty string"):
+        load_task("math", path)
+    path = write_jsonl(tmp_path / "m2.jsonl", [{"problem": "1+1?"}])
+    with pytest.raises(RowError, match=r"m2\.jsonl: row 0: missing field 'answer'"):
+        load_task("math", path)
