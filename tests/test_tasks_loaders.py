@@ -84,6 +84,24 @@ def test_countdown_hub_code_path_on_a_local_parquet(countdown_dev):
     assert dataset["prompt"] == [row["prompt"][0]["content"] for row in rows[:7]]
 
 
+def test_local_file_split_slicing_keeps_file_row_numbers(countdown_dev, tmp_path):
+    # Recipes hold out the last 1024 rows with datasets' slicing; a local file must honour it the same way.
+    path, rows = countdown_dev
+    head = load_task("countdown", path, split="train[:-24]")
+    tail = load_task("countdown", path, split="train[-24:]")
+    assert (len(head), len(tail)) == (1000, 24)
+    assert tail["target"] == [row["target"] for row in rows[1000:]]
+    percent = load_task("countdown", path, split="train[10%:20%]", limit=5)  # 10% of 1024 rows rounds to 102
+    assert percent["target"] == [row["target"] for row in rows[102:107]]
+    good, bad = {"nums": [1, 2], "target": 3}, {"nums": [1, 2]}
+    jsonl = write_jsonl(tmp_path / "sliced.jsonl", [good] * 5 + [bad] + [good] * 4)
+    assert len(load_task("countdown", jsonl, split="train[:5]")) == 5  # the bad row is not selected
+    with pytest.raises(RowError, match=r"sliced\.jsonl: row 5: missing field 'target'"):
+        load_task("countdown", jsonl, split="train[3:]")
+    with pytest.raises(ValueError, match="bad split"):
+        load_task("countdown", jsonl, split="train[::2]")
+
+
 @pytest.mark.parametrize(
     "bad_row, message",
     [
@@ -149,7 +167,7 @@ def test_gsm8k_test_split(shared_data):
     [
         ({"question": "   ", "answer": "#### 3"}, "field 'question' must be a non-empty string"),
         ({"answer": "#### 3"}, "missing field 'question'"),
-        ({"question": "How many?", "answer": "three"}, "field 'answer' has no '#### <final answer>' line"),
+        ({"question": "How many?", "answer": "three"}, "GSM8K solution has no '#### <answer>' line: 'three'"),
         ({"question": "How many?", "answer": "so #### "}, "field 'answer' has an empty '####' final answer"),
     ],
 )

@@ -54,22 +54,41 @@ def _read_jsonl(path: Path) -> list[dict]:
     return records
 
 
+def local_ranges(split: str | None, n_rows: int) -> list[tuple[int, int]]:
+    """Row ranges `[(start, stop), ...]` that `split` selects from a local file's `n_rows` rows.
+
+    A local file is a single split, so the split's name is ignored and only its slice counts, in `datasets`'
+    syntax: `"train"` -> all rows, `"train[:-1024]"` -> all but the last 1024, `"test[10%:20%]+test[:5]"`.
+    """
+    if split is None or "[" not in split:
+        return [(0, n_rows)]
+    import datasets
+
+    names = {part.split("[", 1)[0].strip() for part in split.split("+")}
+    try:
+        instructions = datasets.ReadInstruction.from_spec(split).to_absolute(dict.fromkeys(names, n_rows))
+    except (ValueError, AssertionError) as err:
+        raise ValueError(f"bad split {split!r}: {err}") from None
+    return [(ins.from_, ins.to) for ins in instructions]
+
+
 def read_rows(
     source: str | Path | Any,
-    split: str = "train",
+    split: str | None = "train",
     config: str | None = None,
     data_files: Any = None,
     limit: int | None = None,
-) -> tuple[list[dict], str]:
-    """Rows of `source` as plain dicts, and the name to use for it in error messages.
+) -> tuple[list[tuple[int, dict]], str]:
+    """Rows of `source` as `(row index, plain dict)` pairs, and the name to use for the source in error messages.
 
     Args:
         source: a local `.jsonl`/`.json`/`.parquet` file, a `datasets.Dataset`, or a Hub id / `datasets` builder
             name for `datasets.load_dataset(source, config, split=split, data_files=data_files)`.
-        split: the split to load from the Hub (ignored for local files, which are one split).
+        split: the Hub split, with `datasets`' slicing (`"train[:-1024]"`). A local file is one split: only the
+            slice applies (see `local_ranges`), and row indices stay those of the file.
         config: the Hub dataset's configuration name (e.g. `"main"` for `openai/gsm8k`).
         data_files: passed to `load_dataset` (lets the Hub path run on local files: `source="parquet"`).
-        limit: keep the first `limit` rows.
+        limit: keep the first `limit` selected rows.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -77,26 +96,36 @@ def read_rows(
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"data file not found: {path}")
-        if path.suffix.lower() == ".parquet":
+        is_parquet = path.suffix.lower() == ".parquet"
+        if is_parquet:
             import pyarrow.parquet as pq
 
             table = pq.read_table(path)
+            n_rows = table.num_rows
+        else:
+            records = _read_jsonl(path)
+            n_rows = len(records)
+        rows: list[tuple[int, dict]] = []
+        for start, stop in local_ranges(split, n_rows):
             if limit is not None:
-                table = table.slice(0, limit)
-            return table.to_pylist(), str(path)
-        rows = _read_jsonl(path)
-        return (rows if limit is None else rows[:limit]), str(path)
+                stop = min(stop, start + limit - len(rows))
+            if stop <= start:
+                continue
+            chunk = table.slice(start, stop - start).to_pylist() if is_parquet else records[start:stop]
+            rows.extend(zip(range(start, stop), chunk, strict=True))
+        return rows, str(path)
 
     import datasets
 
     if isinstance(source, datasets.Dataset):
         dataset, name = source, "dataset"
     else:
+        split = split or "train"
         dataset = datasets.load_dataset(source, config, split=split, data_files=data_files)
         name = f"{source}[{split}]" if data_files is None else f"{data_files} ({source}[{split}])"
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    return dataset.to_list(), name
+    return list(enumerate(dataset.to_list())), name
 
 
 def build_dataset(rows: Iterable[dict], columns: list[str]):
@@ -110,10 +139,10 @@ def build_dataset(rows: Iterable[dict], columns: list[str]):
     return datasets.Dataset.from_dict(data)
 
 
-def convert_rows(rows: list[dict], origin: str, convert: Callable[[dict], dict]) -> list[dict]:
+def convert_rows(rows: list[tuple[int, dict]], origin: str, convert: Callable[[dict], dict]) -> list[dict]:
     """Apply `convert` to each row; a ValueError/KeyError/TypeError inside becomes a RowError naming origin and row."""
     out = []
-    for i, row in enumerate(rows):
+    for i, row in rows:
         try:
             out.append(convert(row))
         except (ValueError, TypeError, KeyError) as err:

@@ -21,12 +21,15 @@ COLUMNS = ["prompt", "question", "ground_truth", "solution"]
 def gsm8k_final_answer(solution: str) -> str:
     """The value after the last `####` of a GSM8K solution, commas removed: `"... #### 1,000"` -> `"1000"`.
 
+    The extraction is `trl_ext.rewards.math.extract_gsm8k_answer`, the one the GSM8K reward grades against; this
+    adds the check that the value is not empty.
+
     Raises:
         ValueError: the solution has no `####` or nothing after it.
     """
-    if "####" not in solution:
-        raise ValueError("field 'answer' has no '#### <final answer>' line")
-    answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    from trl_ext.rewards.math import extract_gsm8k_answer
+
+    answer = extract_gsm8k_answer(solution)
     if not answer:
         raise ValueError("field 'answer' has an empty '####' final answer")
     return answer

@@ -50,9 +50,9 @@ def load_math(
         get_prompt(prompt)  # an unknown name lists every prompt
         raise ValueError(f"prompt {prompt!r} is not for MATH; valid prompts: {', '.join(PROMPT_NAMES)}")
     if source is None:
-        source = TRAIN_HUB_ID if split == "train" else TEST_HUB_ID
+        source = TRAIN_HUB_ID if (split or "train").split("[")[0].strip() == "train" else TEST_HUB_ID
     rows, origin = read_rows(source, split=split, config=config, data_files=data_files, limit=limit)
-    extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0]]
+    extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0][1]]
 
     def convert(row: dict) -> dict:
         question = as_text(first_field(row, ("problem", "question")), "problem")
