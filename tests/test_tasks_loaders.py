@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import shared_path
@@ -82,6 +83,36 @@ def test_countdown_hub_code_path_on_a_local_parquet(countdown_dev):
     assert len(dataset) == 7
     assert dataset["target"] == [row["target"] for row in rows[:7]]
     assert dataset["prompt"] == [row["prompt"][0]["content"] for row in rows[:7]]
+
+
+def test_in_memory_dataset_and_json_builder_with_named_split(tmp_path):
+    import datasets
+
+    rows = [{"nums": [4, 6], "target": 24}, {"nums": [9, 3, 1], "target": 4}]
+    from_memory = load_task("countdown", datasets.Dataset.from_list(rows), prompt="compact")
+    assert from_memory["prompt"] == ["[4, 6] -> 24 :", "[9, 3, 1] -> 4 :"]
+    gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "2*3?", "answer": "2*3=6\n#### 6"}])
+    # A Hub id goes to load_dataset(source, config, split=...); the json builder with named data_files takes that path.
+    dataset = load_task("gsm8k", "json", split="test", data_files={"test": str(gsm)})
+    assert dataset["ground_truth"] == ["6"] and dataset["question"] == ["2*3?"]
+
+
+@pytest.mark.parametrize(
+    "task, split, hub_id",
+    [
+        ("countdown", "train", "justinphan3110/Countdown-Tasks-3to4"),
+        ("gsm8k", "test", "openai/gsm8k"),
+        ("math", "train[:100]", "hiyouga/math12k"),
+        ("math", "test", "HuggingFaceH4/MATH-500"),
+    ],
+)
+def test_default_sources_are_the_hub_ids(task, split, hub_id):
+    import datasets
+
+    if not datasets.config.HF_HUB_OFFLINE:
+        pytest.skip("needs HF_HUB_OFFLINE=1: with the Hub reachable this would download the dataset")
+    with pytest.raises(ConnectionError, match=re.escape(hub_id)):
+        load_task(task, split=split)
 
 
 def test_local_file_split_slicing_keeps_file_row_numbers(countdown_dev, tmp_path):
