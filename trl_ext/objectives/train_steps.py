@@ -34,7 +34,7 @@ def sft_microbatch_train_step(
         normalize_constant: divisor of the per-sequence sum (1.0: summed NLL per sequence).
 
     Returns:
-        The scaled scalar loss (detached from nothing; already back-propagated) and metadata:
+        The scaled scalar loss (already back-propagated) and metadata (detached):
         `nll_per_token` (the unscaled mean NLL over response tokens) and `num_response_tokens`.
     """
     _check_ga(gradient_accumulation_steps)
