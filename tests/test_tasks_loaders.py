@@ -230,13 +230,17 @@ def test_math500_ground_truth_is_the_answer_field(shared_data):
         ]
 
 
-def test_math12k_train_with_limit(shared_data):
+def test_math12k_train(shared_data):
     path = shared_path("math", "math12k_train.jsonl")
-    dataset = load_task("math", path, prompt="question_only", limit=20)
-    raw = [json.loads(line) for line, _ in zip(path.open(encoding="utf-8"), range(20), strict=False)]
+    raw = read_jsonl(path)
+    # Two upstream rows have an empty answer: they are dropped with a warning that names them, the rest load.
+    with pytest.warns(UserWarning, match=r"dropped 2 row\(s\) with an empty 'answer'.*rows \[1165, 8125\]"):
+        dataset = load_task("math", path, prompt="question_only")
+    kept = [row for i, row in enumerate(raw) if i not in (1165, 8125)]
+    assert len(raw) == 12000 and len(dataset) == len(kept) == 11998
     assert dataset.column_names == ["prompt", "question", "ground_truth"]
-    assert dataset["prompt"] == [row["problem"] for row in raw]
-    assert dataset["ground_truth"] == [str(row["answer"]) for row in raw]
+    assert dataset["prompt"][:20] == [row["problem"] for row in kept[:20]]
+    assert dataset["ground_truth"] == [row["answer"] for row in kept]
 
 
 def test_math_malformed_row_names_file_and_row(tmp_path):
@@ -244,6 +248,9 @@ def test_math_malformed_row_names_file_and_row(tmp_path):
     path = write_jsonl(tmp_path / "m.jsonl", rows)
     with pytest.raises(RowError, match=r"m\.jsonl: row 2: field 'problem' must be a non-empty string"):
         load_task("math", path)
+    path = write_jsonl(tmp_path / "m1.jsonl", rows[:2] + [{"problem": "3+3?", "answer": " "}])
+    with pytest.warns(UserWarning, match=r"m1\.jsonl: dropped 1 row\(s\) .*rows \[2\]"):
+        assert load_task("math", path)["ground_truth"] == ["2", "4"]
     path = write_jsonl(tmp_path / "m2.jsonl", [{"problem": "1+1?"}])
     with pytest.raises(RowError, match=r"m2\.jsonl: row 0: missing field 'answer'"):
         load_task("math", path)

@@ -6,6 +6,7 @@ decides equivalence.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ def load_math(
 
     Returns:
         A `datasets.Dataset` with columns `prompt`, `question`, `ground_truth` (the `answer` string), plus those of
-        `solution`, `subject`, `level`, `unique_id` the source has.
+        `solution`, `subject`, `level`, `unique_id` the source has. Rows whose `answer` is an empty string are
+        dropped with a warning naming them; any other malformed row raises `RowError`.
     """
     prompt = prompt or DEFAULT_PROMPT
     if prompt not in PROMPT_NAMES:
@@ -52,6 +54,15 @@ def load_math(
     if source is None:
         source = TRAIN_HUB_ID if (split or "train").split("[")[0].strip() == "train" else TEST_HUB_ID
     rows, origin = read_rows(source, split=split, config=config, data_files=data_files, limit=limit)
+    # hiyouga/math12k has two problems whose `answer` is "" (rows 1165 and 8125 of train): nothing can grade them,
+    # and failing would make the real training set unloadable, so they are dropped loudly. A missing field raises.
+    empty = {i for i, row in rows if isinstance(row.get("answer"), str) and not row["answer"].strip()}
+    if empty:
+        warnings.warn(
+            f"{origin}: dropped {len(empty)} row(s) with an empty 'answer' (nothing to grade): rows {sorted(empty)}",
+            stacklevel=2,
+        )
+        rows = [(i, row) for i, row in rows if i not in empty]
     extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0][1]]
 
     def convert(row: dict) -> dict:
