@@ -1,0 +1,136 @@
+"""The rewards on the real reference sets: MATH500 and GSM8K answers, Countdown dev problems (numpy columns).
+
+Skipped with a reason when `../shared/data` is absent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from conftest import shared_path
+from test_rewards_countdown import _all_trees, _random_tree
+
+from trl_ext.rewards import (
+    countdown_reward,
+    extract_gsm8k_answer,
+    grade,
+    normalize_answer,
+    question_only_reward_fn,
+    r1_zero_reward_fn,
+)
+from trl_ext.rewards.math import _as_number
+
+# MATH500 problems whose answer equals the next problem's (reviewed by hand: `5` / `x=5`, `7` / `7`, `3` / `3`).
+MATH500_EQUAL_NEIGHBOURS = {22, 186, 403}
+
+
+def _jsonl(*parts: str) -> list[dict]:
+    with open(shared_path(*parts)) as handle:
+        return [json.loads(line) for line in handle]
+
+
+@pytest.fixture(scope="module")
+def math500_answers() -> list[str]:
+    answers = [row["answer"] for row in _jsonl("math", "math500_test.jsonl")]
+    assert len(answers) == 500
+    return answers
+
+
+def _r1(answer: str) -> str:
+    return f"reasoning ... </think> <answer> {answer} </answer>"
+
+
+def _decimal_form(answer: str) -> str | None:
+    """`\\frac{3}{8}` -> `0.375` for a simple fraction with a terminating decimal, else None."""
+    value = _as_number(normalize_answer(answer))
+    if value is None or value.denominator == 1:
+        return None
+    decimal = Decimal(value.numerator) / Decimal(value.denominator)
+    return format(decimal, "f") if Fraction(decimal) == value else None
+
+
+def test_math500_answers_and_rewrites_get_reward_one(math500_answers):
+    rewrites = {
+        "verbatim": [(a, a) for a in math500_answers],
+        "dfrac": [(a, a.replace("\\frac", "\\dfrac")) for a in math500_answers if "\\frac" in a],
+        "spaces": [(a, re.sub(r"([,+=-])", r" \1 ", f" {a} ")) for a in math500_answers],
+        "boxed": [(a, f"\\boxed{{{a}}}") for a in math500_answers],
+        "decimal": [(a, d) for a in math500_answers if (d := _decimal_form(a)) is not None],
+    }
+    counts = {name: len(pairs) for name, pairs in rewrites.items()}
+    assert counts == {"verbatim": 500, "dfrac": 68, "spaces": 500, "boxed": 500, "decimal": 41}
+    failures = {
+        name: [(gt, answer) for gt, answer in pairs if r1_zero_reward_fn(_r1(answer), gt)["reward"] != 1.0]
+        for name, pairs in rewrites.items()
+    }
+    assert failures == {name: [] for name in rewrites}
+    assert all(question_only_reward_fn(f"so $\\boxed{{{a}}}$.", a)["reward"] == 1.0 for a in math500_answers)
+
+
+def test_math500_neighbour_answers_get_reward_zero(math500_answers):
+    """Answer i+1 graded against answer i: the confusion counts (reported in the issue note)."""
+    graded_equal = {
+        i
+        for i, gt in enumerate(math500_answers)
+        if r1_zero_reward_fn(_r1(math500_answers[(i + 1) % 500]), gt)["reward"] == 1.0
+    }
+    assert graded_equal == MATH500_EQUAL_NEIGHBOURS
+    for i in MATH500_EQUAL_NEIGHBOURS:  # genuinely equal: same canonical string
+        assert normalize_answer(math500_answers[i]) == normalize_answer(math500_answers[i + 1])
+
+
+def test_gsm8k_answers_parse_and_grade():
+    rows = _jsonl("gsm8k", "test.jsonl")
+    answers = [extract_gsm8k_answer(row["answer"]) for row in rows]
+    assert len(answers) == 1319
+    assert all(re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", a) for a in answers)
+    assert answers[:3] == ["18", "3", "70000"]  # Janet's ducks, the robe, the house flip
+    assert all(grade(a, a) for a in answers)
+    # A model writing `$70,000.` is right; the neighbour's value is right only when it is the same number.
+    assert all(grade(f"${int(Decimal(a)):,}." if "." not in a else f"${a}", a) for a in answers)
+    for i, a in enumerate(answers):
+        neighbour = answers[(i + 1) % len(answers)]
+        assert grade(neighbour, a) is (Fraction(neighbour) == Fraction(a)), (a, neighbour)
+    assert sum(Fraction(answers[(i + 1) % 1319]) == Fraction(a) for i, a in enumerate(answers)) == 15
+
+
+def _countdown_rows():
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(shared_path("countdown", "dev.parquet"), columns=["nums", "target", "reward_model"])
+    return table.to_pandas()  # numpy arrays in the cells, as a parquet-backed dataset gives them
+
+
+def test_countdown_dev_rewards_match_independent_arithmetic():
+    """Every expression tree over the first 200 dev problems' 3 numbers, and random ones over all 1024."""
+    frame = _countdown_rows()
+    assert len(frame) == 1024
+    rng = random.Random(0)
+    texts, nums, targets, expected = [], [], [], []
+    exhaustive = 0
+    for row in frame.itertuples():
+        numbers = [int(n) for n in row.nums]
+        trees = [_random_tree(rng, rng.sample(numbers, rng.randint(1, len(numbers)))) for _ in range(4)]
+        if len(numbers) == 3 and exhaustive < 200:
+            exhaustive += 1
+            trees += [t for subset in itertools.permutations(numbers) for t in _all_trees(subset)]
+        for text, value in trees:
+            texts.append(f"<think>...</think> <answer>{text}</answer>")
+            nums.append(row.nums)
+            targets.append(row.target)
+            expected.append(1.0 if value == row.target else 0.1)
+    rewards = countdown_reward(texts, nums=nums, target=targets)
+    assert rewards == expected
+    hits = sum(r == 1.0 for r in rewards)
+    assert 100 < hits < len(rewards) // 2  # both outcomes are well represented
+    # TinyZero's layout: the same rewards from `reward_model.ground_truth`.
+    models = [frame.reward_model[0]] * 3
+    assert countdown_reward(texts[:3], reward_model=models) == countdown_reward(
+        texts[:3], nums=[frame.nums[0]] * 3, target=[frame.target[0]] * 3
+    )
