@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import itertools
+import random
 from collections import Counter
 from fractions import Fraction
 
@@ -78,6 +80,41 @@ def test_solver_prefers_all_numbers_and_returns_none_when_impossible():
     assert solve_countdown([10, 8, 2], 19) is None  # checked by hand: no subset of {10, 8, 2} reaches 19
     assert solve_countdown([1, 1], 3) is None
     assert solve_countdown([], 3) is None
+
+
+def _reachable_by_plain_recursion(values: list[Fraction]) -> set[Fraction]:
+    """Every value of an expression that uses all `values`: combine any two, recurse (the textbook search)."""
+    if len(values) == 1:
+        return {values[0]}
+    out: set[Fraction] = set()
+    for i, j in itertools.combinations(range(len(values)), 2):
+        a, b = values[i], values[j]
+        rest = [v for k, v in enumerate(values) if k not in (i, j)]
+        results = {a + b, a - b, b - a, a * b} | ({a / b} if b else set()) | ({b / a} if a else set())
+        for value in results:
+            out |= _reachable_by_plain_recursion([*rest, value])
+    return out
+
+
+def test_solver_matches_plain_recursion_on_random_small_problems():
+    # Reference: the largest k such that some k numbers reach the target (None if no subset does).
+    rng = random.Random(0)
+    for _ in range(150):
+        nums = [rng.randint(0, 12) for _ in range(rng.choice([1, 2, 3, 4]))]
+        target = rng.randint(-10, 60)
+        expected = None
+        for k in range(len(nums), 0, -1):
+            subsets = itertools.combinations([Fraction(x) for x in nums], k)
+            if any(target in _reachable_by_plain_recursion(list(sub)) for sub in subsets):
+                expected = k
+                break
+        solution = solve_countdown(nums, target)
+        if expected is None:
+            assert solution is None, (nums, target, solution)
+            continue
+        value, used = exact_value(solution)
+        assert value == target and uses_at_most_once(used, nums), (nums, target, solution)
+        assert len(used) == expected, (nums, target, solution)
 
 
 def test_solver_minimal_parentheses_are_still_correct():
