@@ -1,0 +1,97 @@
+"""Two CPU processes (torchrun, gloo): advantages from the rewards gathered across ranks, sliced per rank, and
+identical parameters on both ranks after the optimizer steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from trl_ext.objectives import group_normalize
+
+TESTS = Path(__file__).resolve().parent
+GROUP, PER_RANK = 4, 8
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    sys.path.insert(0, {tests!r})
+    from test_trainer_helpers import make_trainer
+    from trl_ext import AblationGRPOTrainer
+    from trl_ext.tiny import build_char_tokenizer
+
+    class Recording(AblationGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            self.records.append({{
+                "prompts": [x["prompt"] for x in inputs],
+                "gathered": self._gathered_rewards[:, 0].tolist(),
+                "advantages": out["advantages"].tolist(),
+            }})
+            return out
+
+    out_dir = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    trainer = make_trainer(
+        build_char_tokenizer(), os.path.join(out_dir, "run"), trainer_cls=Recording,
+        group_size={group}, rollout_batch_size={rollout}, train_batch_size={rollout}, max_steps=2,
+        ddp_backend="gloo", learning_rate=5e-2, advantage_eps=1e-6,
+    )
+    trainer.records = []
+    initial = {{n: p.detach().clone() for n, p in trainer.model.named_parameters()}}
+    trainer.train()
+    params = {{n: p.detach().tolist() for n, p in trainer.model.named_parameters()}}
+    moved = max((p.detach() - initial[n]).abs().max().item() for n, p in trainer.model.named_parameters())
+    with open(os.path.join(out_dir, f"rank{{rank}}.json"), "w") as f:
+        json.dump({{"records": trainer.records, "params": params, "moved": moved,
+                   "num_processes": trainer.accelerator.num_processes}}, f)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(tests=str(TESTS), group=GROUP, rollout=2 * PER_RANK))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+        f"--master_port={_free_port()}", str(script), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["num_processes"] for r in ranks] == [2, 2]
+    assert len(ranks[0]["records"]) == len(ranks[1]["records"]) == 2  # one rollout per optimizer step
+    for step, (rec0, rec1) in enumerate(zip(ranks[0]["records"], ranks[1]["records"], strict=True)):
+        assert rec0["gathered"] == rec1["gathered"], step  # both ranks see every rank's rewards
+        assert rec0["prompts"] != rec1["prompts"], step  # and the ranks sampled different prompts
+        gathered = torch.tensor(rec0["gathered"])
+        assert gathered.numel() == 2 * PER_RANK and gathered.std() > 0
+        expected = group_normalize(gathered, GROUP, advantage_eps=1e-6, normalize_by_std=True)
+        for rank, rec in enumerate((rec0, rec1)):
+            torch.testing.assert_close(
+                torch.tensor(rec["advantages"]),
+                expected[rank * PER_RANK : (rank + 1) * PER_RANK],
+                rtol=1e-6,
+                atol=1e-6,
+            )
+    assert ranks[0]["moved"] > 1e-3  # the optimizer did move the weights
+    for name, value in ranks[0]["params"].items():
+        assert value == ranks[1]["params"][name], name  # DDP kept the replicas bit-identical
