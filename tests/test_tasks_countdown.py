@@ -126,31 +126,6 @@ def test_solver_minimal_parentheses_are_still_correct():
         assert sorted(used) == sorted(nums), solution
 
 
-@pytest.fixture(scope="module")
-def dev_solutions(shared_data):
-    """(row, solver answer) for every problem of countdown/dev.parquet."""
-    import pyarrow.parquet as pq
-
-    rows = pq.read_table(shared_path("countdown", "dev.parquet"), columns=["nums", "target"]).to_pylist()
-    return [(row, solve_countdown(row["nums"], row["target"])) for row in rows]
-
-
-def test_solver_solves_every_dev_problem(dev_solutions):
-    assert len(dev_solutions) == 1024
-    with_all, subset_only = 0, 0
-    for row, solution in dev_solutions:
-        assert solution is not None, row
-        value, used = exact_value(solution)
-        assert value == row["target"], (row, solution)
-        assert uses_at_most_once(used, row["nums"]), (row, solution)
-        if sorted(used) == sorted(row["nums"]):
-            with_all += 1
-        else:
-            subset_only += 1
-    # Measured: every dev problem has a solution with all of its numbers (TinyZero generated them that way).
-    assert (with_all, subset_only) == (1024, 0)
-
-
 def _perturbed(solution: str, target: int) -> str:
     """The solution with one operator changed so its value is wrong but its numbers stay valid."""
     swaps = {"+": "-", "-": "+", "*": "+", "/": "*"}
@@ -165,14 +140,32 @@ def _perturbed(solution: str, target: int) -> str:
     raise AssertionError(f"no wrong-valued perturbation of {solution!r}")
 
 
-def test_reward_accepts_solver_answers_and_rejects_perturbed_ones(dev_solutions):
-    rewards = pytest.importorskip("trl_ext.rewards.countdown", reason="trl_ext.rewards.countdown not written yet")
-    for row, solution in dev_solutions:
+def test_solver_solves_every_dev_problem_and_the_reward_accepts_its_answers(shared_data):
+    """One test (not two sharing a fixture) so pytest-xdist does not solve the 1024 problems twice."""
+    import pyarrow.parquet as pq
+
+    from trl_ext.rewards.countdown import countdown_reward_fn
+
+    rows = pq.read_table(shared_path("countdown", "dev.parquet"), columns=["nums", "target"]).to_pylist()
+    assert len(rows) == 1024
+    with_all, subset_only = 0, 0
+    for row in rows:
+        solution = solve_countdown(row["nums"], row["target"])
+        assert solution is not None, row
+        value, used = exact_value(solution)
+        assert value == row["target"], (row, solution)
+        assert uses_at_most_once(used, row["nums"]), (row, solution)
+        if sorted(used) == sorted(row["nums"]):
+            with_all += 1
+        else:
+            subset_only += 1
         ground_truth = {"numbers": row["nums"], "target": row["target"]}
-        assert rewards.countdown_reward_fn(f"<answer>{solution}</answer>", ground_truth) == 1.0, (row, solution)
+        assert countdown_reward_fn(f"<answer>{solution}</answer>", ground_truth) == 1.0, (row, solution)
         wrong = _perturbed(solution, row["target"])
-        assert rewards.countdown_reward_fn(f"<answer>{wrong}</answer>", ground_truth) == pytest.approx(0.1), wrong
-        assert rewards.countdown_reward_fn(solution, ground_truth) == 0.0, (row, solution)
+        assert countdown_reward_fn(f"<answer>{wrong}</answer>", ground_truth) == pytest.approx(0.1), (row, wrong)
+        assert countdown_reward_fn(solution, ground_truth) == 0.0, (row, solution)  # no answer tags
+    # Measured: every dev problem has a solution with all of its numbers (TinyZero generated them that way).
+    assert (with_all, subset_only) == (1024, 0)
 
 
 def test_generator_is_deterministic_and_seed_dependent():
