@@ -1,0 +1,148 @@
+"""Guard: the TRL / transformers internals that `trl_ext.trainer` and `trl_ext.config` rely on.
+
+AblationGRPOTrainer overrides private GRPOTrainer methods and rewrites their outputs. When a TRL upgrade renames a
+method, changes a signature, an output key or the `_metrics` / `_logs` layout, these tests fail first, with a
+message saying what changed and where trl_ext depends on it (written for TRL 1.16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections import defaultdict, deque
+
+import pytest
+import torch
+import transformers
+import trl
+from test_trainer_helpers import generate, group_inputs, make_trainer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_ext.trainer import _FORWARD_KEYS
+
+WHERE = "trl_ext/trainer.py"
+
+
+def _changed(what: str) -> str:
+    return f"TRL internals changed (trl {trl.__version__}): {what}. AblationGRPOTrainer ({WHERE}) depends on it."
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
+        ("_generate_and_score_completions", ["self", "inputs"]),
+        ("_compute_loss", ["self", "model", "inputs"]),
+        ("compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"]),
+    ],
+)
+def test_overridden_method_signatures(method, expected):
+    assert hasattr(GRPOTrainer, method), _changed(f"GRPOTrainer.{method} no longer exists")
+    got = _params(getattr(GRPOTrainer, method))
+    assert got == expected, _changed(f"GRPOTrainer.{method}{tuple(got)} was {tuple(expected)}")
+
+
+def test_constructor_and_loss_entry_points():
+    got = _params(GRPOTrainer.__init__)[:4]
+    assert got == ["self", "model", "reward_funcs", "args"], _changed(f"GRPOTrainer.__init__ starts {got}")
+    assert {"train_dataset", "processing_class"} <= set(_params(GRPOTrainer.__init__))
+    # Trainer.compute_loss -> GRPOTrainer.compute_loss -> self._compute_loss: the override point of the loss.
+    assert "self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss), _changed(
+        "GRPOTrainer.compute_loss no longer delegates to self._compute_loss(model, inputs)"
+    )
+
+
+def test_logps_helper_signature():
+    params = _params(GRPOTrainer._get_per_token_logps_and_entropies)
+    needed = ["model", "input_ids", "attention_mask", "logits_to_keep", "compute_entropy", "compute_aux_loss"]
+    missing = [p for p in [*needed, *_FORWARD_KEYS] if p not in params]
+    assert not missing, _changed(f"_get_per_token_logps_and_entropies lost parameters {missing}")
+    assert params[1:5] == needed[:4], _changed(f"_get_per_token_logps_and_entropies positional order {params[1:5]}")
+
+
+def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
+    # The seed field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
+    # Trainer._train_batch_size once, and TRL's dataloader reads only `_train_batch_size`. The trainer resets it.
+    prop = inspect.getattr_static(transformers.TrainingArguments, "train_batch_size")
+    assert isinstance(prop, property), _changed("TrainingArguments.train_batch_size is no longer a property")
+    assert "self._train_batch_size = args.train_batch_size" in inspect.getsource(transformers.Trainer.__init__)
+    loader = inspect.getsource(GRPOTrainer.get_train_dataloader)
+    assert "self._train_batch_size" in loader and "args.train_batch_size" not in loader, _changed(
+        "GRPOTrainer.get_train_dataloader sizes batches from something other than self._train_batch_size"
+    )
+
+
+def test_config_fields_and_defaults_the_config_maps_onto():
+    # "Unset" means "equal to TRL's default" in AblationGRPOConfig's contradiction checks.
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    expected = {
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "num_generations": 8,
+        "num_iterations": 1,
+        "generation_batch_size": None,
+        "steps_per_generation": None,
+        "beta": 0.0,
+        "epsilon_high": None,
+        "delta": None,
+        "importance_sampling_level": "token",
+        "top_entropy_quantile": 1.0,
+        "off_policy_mask_threshold": None,
+        "entropy_coef": 0.0,
+        "use_adaptive_entropy": False,
+        "multi_objective_aggregation": "sum_then_normalize",
+    }
+    for name, value in expected.items():
+        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/config.py reads it)")
+        assert defaults[name] == value, _changed(f"GRPOConfig.{name} default {defaults[name]!r}, was {value!r}")
+    assert "steps_per_generation" in inspect.getsource(GRPOConfig.__post_init__)
+
+
+def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
+    trainer = make_trainer(char_tokenizer, tmp_path, stock=True, loss_type="grpo", num_iterations=2)
+    assert set(trainer._metrics) == {"train", "eval"}, _changed("_metrics keys")
+    assert all(isinstance(m, defaultdict) and m.default_factory is list for m in trainer._metrics.values())
+    assert isinstance(trainer._logs["advantages"], deque), _changed("_logs['advantages'] is not a deque")
+    assert {"prompt", "completion", "rewards", "advantages"} <= set(trainer._logs), _changed("_logs keys")
+    for attr in ("reward_weights", "num_generations", "num_generations_eval", "epsilon_low", "epsilon_high",
+                 "aux_loss_enabled", "accelerator"):  # fmt: skip
+        assert hasattr(trainer, attr), _changed(f"GRPOTrainer.{attr} no longer set in __init__")
+
+    captured = {}
+    original = trainer._calculate_rewards
+
+    def calculate_rewards(*args):
+        captured["rewards"] = original(*args)
+        return captured["rewards"]
+
+    trainer._calculate_rewards = calculate_rewards  # a pass-through, to check it is still called and its output
+    n_logged = len(trainer._logs["advantages"])
+    inputs = group_inputs(group_size=4)
+    out = generate(trainer, inputs)
+    assert "rewards" in captured, _changed("_generate_and_score_completions no longer calls _calculate_rewards")
+    assert captured["rewards"].shape == (len(inputs), 1), _changed("_calculate_rewards output is not (N, n_funcs)")
+    needed = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps"}
+    assert needed <= set(out), _changed(f"_generate_and_score_completions output lacks {needed - set(out)}")
+    assert out["advantages"].shape == (len(inputs),), _changed("advantages are no longer one per completion (B,)")
+    assert len(trainer._logs["advantages"]) == n_logged + len(inputs), _changed(
+        "_generate_and_score_completions no longer appends one logged advantage per completion"
+    )
+    assert trainer._metrics["train"]["reward"], _changed("the 'reward' metric is no longer logged")
+
+    logps, entropies, aux = trainer._get_per_token_logps_and_entropies(
+        trainer.model,
+        torch.cat([out["prompt_ids"], out["completion_ids"]], 1),
+        torch.cat([out["prompt_mask"], out["completion_mask"]], 1),
+        out["completion_ids"].size(1),
+        compute_entropy=True,
+    )
+    assert logps.shape == entropies.shape == out["completion_ids"].shape and aux is None, _changed(
+        "_get_per_token_logps_and_entropies no longer returns (logps (B, T), entropies (B, T), aux_loss)"
+    )
+    assert "current_gradient_accumulation_steps" in inspect.getsource(transformers.Trainer), _changed(
+        "transformers.Trainer.current_gradient_accumulation_steps (the loss divides by it)"
+    )
