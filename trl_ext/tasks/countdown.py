@@ -4,13 +4,13 @@ A problem is a list of numbers and an integer target; an answer is an arithmetic
 parentheses that uses each number at most once and equals the target.
 
 Solver (`solve_countdown`): dynamic programming over subsets of the numbers. For every subset (bitmask) it keeps the
-distinct values its expressions reach, each with one way to build it; a subset's values are all `a op b` with `a`
-and `b` from the two halves of each split. Arithmetic is exact (`int`, `Fraction` after an inexact division), so
-`6/(1-3/4) = 24` counts and float round-off never fakes a solution. Solutions that use ALL numbers come first
-(TinyZero's rule); only when none exists does it return one over the largest subset that reaches the target
-(the seeds' sub-multiset rule), else None. For the full set it never enumerates the last combination: for each
-value `a` of one half it looks the needed partner (`t - a`, `a - t`, `t + a`, `t / a`, `a / t`, `t * a`) up in the
-other half's table. Up to 4 numbers this takes about 1 ms a problem.
+distinct values its expressions reach, each with one way to build it (the most natural: integer, then non-negative,
+intermediates); a subset's values are all `a op b` with `a` and `b` from the two halves of a split. Arithmetic is
+exact (`int`, `Fraction` after an inexact division), so `6/(1-3/4) = 24` counts and float round-off never fakes a
+solution. Solutions that use ALL numbers come first (TinyZero's rule); only when none exists does it return one over
+the largest subset that reaches the target (the seeds' sub-multiset rule), else None. For the full set it never
+enumerates the last combination: for each value `a` of one half it looks the needed partner (`t - a`, `a - t`,
+`t + a`, `t / a`, `a / t`, `t * a`) up in the other half's table. Up to 4 numbers this takes about 1 ms a problem.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ _ADD, _MUL, _ATOM = 1, 2, 3  # precedence of an expression's top operator, for m
 
 def countdown_question(nums: Sequence[int], target: int) -> str:
     """TinyZero's question: `"Using the numbers [3, 5, 2], create an equation that equals 8. You can use ..."`."""
-    return COUNTDOWN_QUESTION.replace("{numbers}", str(list(nums))).replace("{target}", str(target))
+    numbers = str([int(x) for x in nums])  # numpy ints from parquet would print as np.int64(3)
+    return COUNTDOWN_QUESTION.replace("{numbers}", numbers).replace("{target}", str(int(target)))
 
 
 def compact_prompt(nums: Sequence[int], target: int) -> str:
@@ -71,9 +72,6 @@ def countdown_prompt(
 def countdown_key(nums: Iterable[int], target: int) -> tuple[tuple[int, ...], int]:
     """Identity of a problem regardless of number order: `((sorted numbers), target)`."""
     return tuple(sorted(int(x) for x in nums)), int(target)
-
-
-# ---- solver ----
 
 
 def _div(a: Number, b: Number) -> Number:
@@ -241,9 +239,6 @@ def _full_table(sorted_nums: tuple[int, ...], integer_only: bool) -> tuple[list[
     return table, tuple(sorted(v for v in table[full] if type(v) is int))
 
 
-# ---- generator ----
-
-
 def make_countdown_problems(
     n: int,
     seed: int,
@@ -337,9 +332,6 @@ def make_countdown_demo_splits(
         return build_dataset(rows, ["prompt", "completion", "nums", "target"])
 
     return to_dataset(train), to_dataset(held_out)
-
-
-# ---- loader ----
 
 
 def _numbers_of(row: dict) -> tuple[list[int], int]:
