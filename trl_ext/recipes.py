@@ -392,12 +392,23 @@ def load_grpo_datasets(task: str, script_args: GRPOScriptArguments, training_arg
     train = load_task(
         task, source=script_args.dataset_source, split=script_args.dataset_split, limit=script_args.limit, **common
     )
+    _require_rows(train, script_args.dataset_source, script_args.dataset_split, "dataset")
     wants_eval = script_args.final_eval or (training_args is not None and training_args.eval_strategy != "no")
     if _is_disabled(script_args.eval_split) or not wants_eval:
         return train, None
     source = script_args.eval_source if script_args.eval_source is not None else script_args.dataset_source
     evaluation = load_task(task, source=source, split=script_args.eval_split, limit=script_args.eval_limit, **common)
+    _require_rows(evaluation, source, script_args.eval_split, "eval")
     return train, evaluation
+
+
+def _require_rows(dataset, source, split, field_prefix: str) -> None:
+    """An empty split would train for zero steps (or validate on nothing) without complaint; refuse it."""
+    if len(dataset) == 0:
+        raise RecipeError(
+            f"{source or 'the task default source'} split {split!r} has no rows; check {field_prefix}_source / "
+            f"{field_prefix}_split (a slice like 'train[:-1024]' of a small file can be empty)"
+        )
 
 
 def load_sft_dataset(source: str, split: str, limit: int | None = None):
@@ -445,10 +456,13 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
 def load_sft_datasets(script_args: SFTScriptArguments):
     """Training and validation traces of an SFT recipe; validation is None when `eval_split` is 'none'."""
     train = load_sft_dataset(script_args.dataset_source, script_args.dataset_split, script_args.limit)
+    _require_rows(train, script_args.dataset_source, script_args.dataset_split, "dataset")
     if _is_disabled(script_args.eval_split):
         return train, None
     source = script_args.eval_source or script_args.dataset_source
-    return train, load_sft_dataset(source, script_args.eval_split, script_args.eval_limit)
+    evaluation = load_sft_dataset(source, script_args.eval_split, script_args.eval_limit)
+    _require_rows(evaluation, source, script_args.eval_split, "eval")
+    return train, evaluation
 
 
 def _on_train_split(split: str) -> str:
@@ -458,18 +472,13 @@ def _on_train_split(split: str) -> str:
 
 
 def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
-    """`from_pretrained` kwargs from `ModelConfig`, merged under `training_args.model_init_kwargs` (TRL's way)."""
-    from trl import get_kbit_device_map, get_quantization_config
-
+    """`from_pretrained` kwargs from `ModelConfig`, under `training_args.model_init_kwargs` (as TRL's scripts do)."""
     kwargs: dict[str, Any] = {
         "revision": model_args.model_revision,
         "trust_remote_code": training_args.trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
         "dtype": model_args.dtype,
     }
-    quantization_config = get_quantization_config(model_args)
-    if quantization_config is not None:
-        kwargs.update(quantization_config=quantization_config, device_map=get_kbit_device_map())
     kwargs.update(training_args.model_init_kwargs or {})
     return kwargs
 
@@ -487,7 +496,7 @@ def rollout_callbacks(script_args) -> list:
 
 def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset):
     """`AblationGRPOTrainer` for a parsed recipe; TRL loads the model from `model_name_or_path`."""
-    from trl import get_peft_config
+    from trl import get_peft_config, get_quantization_config
 
     from trl_ext.trainer import AblationGRPOTrainer
 
@@ -503,13 +512,14 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
         callbacks=rollout_callbacks(script_args),
     )
 
 
 def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset):
     """`trl.SFTTrainer` for a parsed SFT recipe; TRL loads the model from `model_name_or_path`."""
-    from trl import SFTTrainer, get_peft_config
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
 
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
@@ -521,6 +531,7 @@ def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset):
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
     )
 
 
