@@ -20,9 +20,6 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-# ---- Countdown ----
-
-
 @pytest.fixture(scope="module")
 def countdown_dev(shared_data):
     import pyarrow.parquet as pq
@@ -174,9 +171,6 @@ def test_unknown_task_and_wrong_prompt_for_task(tmp_path):
         load_task("gsm8k", path, prompt="r1")
 
 
-# ---- GSM8K ----
-
-
 def test_gsm8k_test_split(shared_data):
     path = shared_path("gsm8k", "test.jsonl")
     raw = read_jsonl(path)
@@ -207,9 +201,6 @@ def test_gsm8k_malformed_row_names_file_and_row(tmp_path, bad_row, message):
     path = write_jsonl(tmp_path / "gsm.jsonl", [good, bad_row])
     with pytest.raises(RowError, match=rf"gsm\.jsonl: row 1: {message}"):
         load_task("gsm8k", path)
-
-
-# ---- MATH ----
 
 
 def test_math500_ground_truth_is_the_answer_field(shared_data):
@@ -254,3 +245,35 @@ def test_math_malformed_row_names_file_and_row(tmp_path):
     path = write_jsonl(tmp_path / "m2.jsonl", [{"problem": "1+1?"}])
     with pytest.raises(RowError, match=r"m2\.jsonl: row 0: missing field 'answer'"):
         load_task("math", path)
+
+
+def test_loader_columns_feed_the_trl_rewards(countdown_dev, shared_data):
+    # The columns a loader returns are exactly what trl.GRPOTrainer hands the reward as keyword arguments.
+    from trl_ext.rewards import countdown_reward, r1_zero_reward
+    from trl_ext.tasks import solve_countdown
+
+    path, _ = countdown_dev
+    dataset = load_task("countdown", path, limit=64)
+    columns = {name: dataset[name] for name in dataset.column_names if name != "prompt"}
+    answers = [
+        f"<answer>{solve_countdown(n, t)}</answer>" for n, t in zip(dataset["nums"], dataset["target"], strict=True)
+    ]
+    assert countdown_reward(answers, prompts=dataset["prompt"], **columns) == [1.0] * 64
+    # Each answer paired with the next problem: tags present, answer wrong -> 0.1 everywhere.
+    assert countdown_reward(answers[1:] + answers[:1], prompts=dataset["prompt"], **columns) == [0.1] * 64
+
+    gsm8k = load_task("gsm8k", shared_path("gsm8k", "test.jsonl"), limit=50)
+    columns = {name: gsm8k[name] for name in gsm8k.column_names if name != "prompt"}
+    answers = [f" steps </think> <answer> {gt} </answer>" for gt in gsm8k["ground_truth"]]
+    assert r1_zero_reward(answers, **columns) == [1.0] * 50
+    assert r1_zero_reward(answers[1:] + answers[:1], **columns) == [0.0] * 50  # the first 50 answers all differ
+
+
+def test_importing_tasks_stays_light():
+    import subprocess
+    import sys
+
+    heavy = ("datasets", "pyarrow", "torch", "trl", "transformers")
+    code = f"import sys, trl_ext.tasks; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
