@@ -289,7 +289,18 @@ def grade(
     pred_value, gold_value = _as_number(pred), _as_number(gold)
     if pred_value is not None and gold_value is not None:
         return pred_value == gold_value
+    if not _braces_balanced(pred_text):  # malformed LaTeX: nothing for the symbolic stage to parse
+        return False
     return _symbolic_equal(gold_text, pred_text, timeout)
+
+
+def _braces_balanced(text: str) -> bool:
+    depth = 0
+    for brace in _BRACES.finditer(text):
+        depth += 1 if brace.group() == "{" else -1
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 @lru_cache(maxsize=1 << 16)
