@@ -1,0 +1,327 @@
+"""Every recipe YAML parses into configs without a model; ablations differ from their reference only where intended.
+
+Parsing goes through the same `trl_ext.recipes.parse_recipe_args` the entry points use (TrlParser + `base:`
+chains). `--use_cpu true` is the only override: TrainingArguments refuses the recipes' `bf16: true` on a machine
+without a GPU unless told it trains on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import shared_path
+
+from trl_ext.recipes import (
+    GRPOScriptArguments,
+    RecipeError,
+    adapt_generation_kwargs,
+    load_recipe_yaml,
+    load_sft_dataset,
+    make_parser,
+    optimizer_steps_per_rollout,
+    parse_recipe_args,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+ALL_YAMLS = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml"))
+CPU = ["--use_cpu", "true"]
+
+
+def _task(recipe: str) -> str:
+    return recipe.split("/")[0] if "/" in recipe else "countdown"
+
+
+def _parse(recipe: str, *extra: str):
+    return parse_recipe_args(_task(recipe), ["--config", str(RECIPES / recipe), *CPU, *extra])
+
+
+# recipe -> (the recipe it is compared with, the keys whose resolved values must differ). Every YAML except the
+# two roots must be listed, so a new recipe cannot skip this check.
+OFF_POLICY = {
+    f"countdown/offpolicy_e{e}_tb{t}.yaml": (
+        "countdown/offpolicy_e1_tb256.yaml",
+        ({"epochs_per_rollout_batch"} if e != 1 else set())
+        | ({"train_batch_size", "gradient_accumulation_steps"} if t != 256 else set()),
+    )
+    for e in (1, 2, 4)
+    for t in (256, 128, 64)
+    if (e, t) != (1, 256)
+}
+DIFFS = {
+    "countdown/base.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
+    "countdown/seed001.yaml": ("countdown/base.yaml", {"temperature"}),
+    "countdown/seed000_grpo_l512.yaml": ("countdown/base.yaml", {"prompt", "pg_loss_type", "max_completion_length"}),
+    "countdown/seed000_grpo_l256.yaml": ("countdown/seed000_grpo_l512.yaml", {"max_completion_length"}),
+    "countdown/seed000_drgrpo_l512.yaml": (
+        "countdown/seed000_grpo_l512.yaml",
+        {"use_std_normalization", "length_normalization"},
+    ),
+    # compared with GRPO at the same length, not with its `base:` (Dr. GRPO L512)
+    "countdown/seed000_drgrpo_l256.yaml": (
+        "countdown/seed000_grpo_l256.yaml",
+        {"use_std_normalization", "length_normalization"},
+    ),
+    "countdown/lr_3e-6.yaml": ("countdown/base.yaml", {"learning_rate"}),
+    "countdown/lr_3e-5.yaml": ("countdown/base.yaml", {"learning_rate"}),
+    "countdown/lr_1e-4.yaml": ("countdown/base.yaml", {"learning_rate"}),
+    "countdown/no_baseline.yaml": ("countdown/base.yaml", {"pg_loss_type"}),
+    "countdown/masked_normalize.yaml": ("countdown/base.yaml", {"length_normalization"}),
+    "countdown/no_std.yaml": ("countdown/base.yaml", {"use_std_normalization"}),
+    "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type"}),
+    **OFF_POLICY,
+    "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type"}),
+    "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
+    "math/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
+    "math/question_only.yaml": ("math/r1_zero.yaml", {"prompt", "reward_funcs", "generation_kwargs"}),
+    "sft/size_128.yaml": ("sft/base.yaml", {"limit"}),
+    "sft/size_256.yaml": ("sft/base.yaml", {"limit"}),
+    "sft/size_512.yaml": ("sft/base.yaml", {"limit"}),
+    "sft/size_1024.yaml": ("sft/base.yaml", {"limit"}),
+    "sft/full.yaml": ("sft/base.yaml", {"num_train_epochs"}),  # limit: null is base's default (all rows)
+}
+ROOTS = {"grpo_defaults.yaml", "sft/base.yaml"}
+
+
+def test_every_recipe_is_in_the_diff_table():
+    assert set(ALL_YAMLS) == set(DIFFS) | ROOTS
+
+
+@pytest.mark.parametrize("recipe", sorted(DIFFS))
+def test_recipe_differs_from_its_reference_only_in_the_intended_keys(recipe):
+    reference, expected = DIFFS[recipe]
+    mine, theirs = load_recipe_yaml(RECIPES / recipe), load_recipe_yaml(RECIPES / reference)
+    differing = {key for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)}
+    assert differing == expected
+
+
+@pytest.mark.parametrize("recipe", ALL_YAMLS)
+def test_every_recipe_parses_into_the_three_configs(recipe):
+    from trl import ModelConfig, SFTConfig
+
+    from trl_ext.config import AblationGRPOConfig
+
+    script_args, training_args, model_args = _parse(recipe)
+    assert isinstance(model_args, ModelConfig)
+    name = f"{(RECIPES / recipe).parent.name}/{Path(recipe).stem}"
+    assert training_args.output_dir == str(Path("runs") / name) and training_args.run_name == name
+    if recipe.startswith("sft/"):
+        assert isinstance(training_args, SFTConfig)
+        assert model_args.model_name_or_path == "Qwen/Qwen2.5-Math-1.5B"
+        return
+    assert isinstance(training_args, AblationGRPOConfig)
+    assert isinstance(script_args, GRPOScriptArguments)
+    # GPU recipes: vLLM server mode, wandb, hub ids (root defaults aside, which name no model)
+    assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
+    assert training_args.report_to == ["wandb"]
+    if recipe != "grpo_defaults.yaml":
+        assert model_args.model_name_or_path.startswith("Qwen/")
+    # Validation every 5-10 GRPO steps on >= 1024 problems where the split has them (MATH-500 has 500)
+    assert training_args.eval_strategy == "steps"
+    assert 5 <= training_args.eval_steps * script_args.n_grpo_steps <= 10
+    assert script_args.eval_limit >= 1024 and script_args.eval_split
+    # the seeds' objective constants
+    assert training_args.advantage_eps == 1e-6 and training_args.beta == 0.0
+    assert (training_args.adam_beta1, training_args.adam_beta2, training_args.weight_decay) == (0.9, 0.95, 0.0)
+    assert training_args.max_grad_norm == 1.0 and training_args.num_generations == 8
+
+
+def test_seed_batch_arithmetic_on_one_gpu():
+    """rollout 256 / group 8 / train 256 / GA 128 -> per-device 2, 128 micro-batches per rollout, 1 step each."""
+    script_args, args, _ = _parse("countdown/base.yaml")
+    assert args.generation_batch_size == 256 and args.num_generations == 8  # 32 problems x 8 completions
+    assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 128
+    assert args.steps_per_generation == 128 and args.num_iterations == 1
+    assert optimizer_steps_per_rollout(args) == 1
+    assert script_args.n_grpo_steps == 200 and args.max_steps == 200
+    assert args.learning_rate == 1e-5 and args.temperature == 1.0 and args.max_completion_length == 1024
+    assert args.pg_loss_type == "reinforce_with_baseline" and args.use_std_normalization
+    assert args.generation_kwargs == {"stop": ["</answer>"], "include_stop_str_in_output": True, "min_tokens": 4}
+    # seed 001 samples at 0.7
+    assert _parse("countdown/seed001.yaml")[1].temperature == 0.7
+
+
+@pytest.mark.parametrize(("epochs", "train"), [(1, 128), (2, 256), (2, 64), (4, 64)])
+def test_off_policy_grid_maps_grpo_steps_to_optimizer_steps(epochs, train):
+    _, args, _ = _parse(f"countdown/offpolicy_e{epochs}_tb{train}.yaml")
+    assert args.per_device_train_batch_size == 2  # the micro-batch stays 2; GA = train / 2
+    assert args.gradient_accumulation_steps == train // 2
+    assert args.num_iterations == epochs and args.generation_batch_size == 256
+    assert optimizer_steps_per_rollout(args) == epochs * 256 // train
+    assert args.max_steps == 200 * epochs * 256 // train
+    assert args.pg_loss_type == "grpo_clip"
+
+
+def test_grpo_and_drgrpo_recipes_differ_in_two_lines_and_map_onto_trl():
+    text = (RECIPES / "countdown" / "seed000_drgrpo_l512.yaml").read_text().splitlines()
+    settings = [line.split("#")[0].strip() for line in text if line.split("#")[0].strip()]
+    assert sorted(settings) == [
+        "base: seed000_grpo_l512.yaml",
+        "length_normalization: masked_normalize",
+        "use_std_normalization: false",
+    ]
+    _, grpo, _ = _parse("countdown/seed000_grpo_l512.yaml")
+    _, drgrpo, _ = _parse("countdown/seed000_drgrpo_l512.yaml")
+    assert (grpo.loss_type, grpo.scale_rewards, grpo.pg_loss_type) == ("grpo", "group", "grpo_clip")
+    assert (drgrpo.loss_type, drgrpo.scale_rewards, drgrpo.pg_loss_type) == ("dr_grpo", "none", "grpo_clip")
+    assert drgrpo.normalize_constant == 512 == drgrpo.max_completion_length
+    assert _parse("countdown/seed000_drgrpo_l256.yaml")[1].normalize_constant == 256
+    naming = {"output_dir", "run_name", "logging_dir"}
+    differing = {
+        f.name
+        for f in dataclasses.fields(grpo)
+        if f.name not in naming and getattr(grpo, f.name) != getattr(drgrpo, f.name)
+    }
+    assert differing == {"use_std_normalization", "length_normalization", "loss_type", "scale_rewards"}
+
+
+def test_seed000_recipes_use_the_tinyzero_prompt_through_qwen3_chat_template():
+    for name in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512"):
+        script_args, args, model_args = _parse(f"countdown/seed000_{name}.yaml")
+        assert model_args.model_name_or_path == "Qwen/Qwen3-1.7B"
+        assert (script_args.prompt, script_args.chat_template) == ("tinyzero", True)
+        assert args.max_completion_length == int(name[-3:])
+
+
+def test_task_defaults_fill_unset_script_fields():
+    script_args, _, _ = _parse("math/question_only.yaml")
+    assert script_args.reward_funcs == ["question_only"] and script_args.prompt == "question_only"
+    assert (script_args.dataset_split, script_args.eval_split) == ("train", "test")
+    countdown, _, _ = _parse("countdown/base.yaml")
+    assert (countdown.dataset_split, countdown.eval_split) == ("train[:-1024]", "train[-1024:]")
+
+
+def test_command_line_overrides_the_yaml_chain():
+    script_args, args, model_args = _parse(
+        "countdown/seed001.yaml", "--learning_rate", "5e-6", "--model_name_or_path", "/tmp/m", "--eval_limit", "64"
+    )
+    assert args.learning_rate == 5e-6 and model_args.model_name_or_path == "/tmp/m" and script_args.eval_limit == 64
+    assert args.temperature == 0.7  # still the child's value over its base's 1.0
+    # the per-device batch follows an overridden GA: 256 / (64 x 1 process)
+    assert _parse("countdown/base.yaml", "--gradient_accumulation_steps", "64")[1].per_device_train_batch_size == 4
+
+
+def test_help_lists_every_field_with_its_help():
+    parser = make_parser("grpo", prog="recipes/countdown.py")
+    text = " ".join(parser.format_help().split())  # argparse wraps lines
+    for dataclass_type in parser.dataclass_types:
+        for f in dataclasses.fields(dataclass_type):
+            if f.init and not f.name.startswith("_"):
+                assert f"--{f.name}" in text, f.name
+    for f in dataclasses.fields(GRPOScriptArguments):
+        assert " ".join(f.metadata["help"].split())[:60] in text, f.name
+    assert "Per-token policy-gradient loss" in text  # AblationGRPOConfig's own help
+    assert "base:" in text  # the epilog explains recipes
+
+
+def test_math_script_help_runs_in_a_subprocess():
+    """recipes/math.py must not shadow the standard `math` module when run as a script."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(RECIPES / "math.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--pg_loss_type" in proc.stdout and "--n_grpo_steps" in proc.stdout
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_base_chain_resolves_relative_paths_and_merges_env(tmp_path):
+    (tmp_path / "sub").mkdir()
+    _write(tmp_path / "root.yaml", "learning_rate: 1.0e-3\ntemperature: 0.5\nenv: {A: '1', B: '2'}\n")
+    _write(tmp_path / "sub" / "mid.yaml", "base: ../root.yaml\ntemperature: 0.6\nenv: {B: '3'}\n")
+    leaf = _write(tmp_path / "sub" / "leaf.yaml", "base: mid.yaml\nseed: 7\n")
+    assert load_recipe_yaml(leaf) == {
+        "learning_rate": 1e-3,
+        "temperature": 0.6,
+        "env": {"A": "1", "B": "3"},
+        "seed": 7,
+    }
+
+
+def test_unknown_key_names_the_file_that_has_it(tmp_path):
+    parent = _write(tmp_path / "parent.yaml", f"base: {RECIPES / 'countdown' / 'base.yaml'}\nlearning_rat: 1.0e-3\n")
+    child = _write(tmp_path / "child.yaml", "base: parent.yaml\ntemperature: 0.9\n")
+    with pytest.raises(RecipeError) as err:
+        parse_recipe_args("countdown", ["--config", str(child), *CPU])
+    message = str(err.value)
+    assert str(parent) in message and str(child) not in message
+    assert "'learning_rat'" in message and "learning_rate" in message  # the key and the suggestion
+
+
+def test_base_cycle_is_reported_with_the_chain(tmp_path):
+    _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(RecipeError, match="cycle") as err:
+        load_recipe_yaml(tmp_path / "a.yaml")
+    assert f"{tmp_path / 'a.yaml'} -> {tmp_path / 'b.yaml'} -> {tmp_path / 'a.yaml'}" in str(err.value)
+
+
+def test_missing_base_names_the_referring_file_and_the_missing_one(tmp_path):
+    child = _write(tmp_path / "child.yaml", "base: nowhere/parent.yaml\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe_yaml(child)
+    assert str(child) in str(err.value) and str(tmp_path / "nowhere" / "parent.yaml") in str(err.value)
+
+
+def test_malformed_recipes_name_their_file(tmp_path):
+    not_mapping = _write(tmp_path / "list.yaml", "- a\n- b\n")
+    with pytest.raises(RecipeError, match=f"{not_mapping}: a recipe must be a YAML mapping"):
+        load_recipe_yaml(not_mapping)
+    broken = _write(tmp_path / "broken.yaml", "a: [1, 2\n")
+    with pytest.raises(RecipeError, match=f"{broken}: invalid YAML"):
+        load_recipe_yaml(broken)
+    bad_value = _write(
+        tmp_path / "bad_value.yaml", f"base: {RECIPES / 'countdown' / 'base.yaml'}\npg_loss_type: ppo\n"
+    )
+    with pytest.raises(RecipeError) as err:
+        parse_recipe_args("countdown", ["--config", str(bad_value), *CPU])
+    assert str(bad_value) in str(err.value) and "pg_loss_type" in str(err.value)
+
+
+def test_n_grpo_steps_and_a_contradicting_max_steps_is_an_error():
+    with pytest.raises(RecipeError, match="max_steps=50 contradicts n_grpo_steps=200"):
+        _parse("countdown/base.yaml", "--max_steps", "50")
+    assert _parse("countdown/base.yaml", "--max_steps", "200")[1].max_steps == 200
+
+
+def test_generation_kwargs_follow_the_backend():
+    from transformers import GenerationConfig
+
+    _, vllm_args, _ = _parse("countdown/base.yaml")
+    assert adapt_generation_kwargs(vllm_args) == []
+    assert vllm_args.generation_kwargs["stop"] == ["</answer>"]  # vLLM SamplingParams take it as is
+
+    _, hf_args, _ = _parse("countdown/base.yaml", "--use_vllm", "false")
+    assert sorted(adapt_generation_kwargs(hf_args)) == ["include_stop_str_in_output", "stop"]
+    assert hf_args.generation_kwargs == {"min_new_tokens": 4}
+    GenerationConfig(**hf_args.generation_kwargs).validate(strict=True)  # transformers accepts what is left
+
+
+def test_sft_traces_become_prompt_completion_conversations():
+    source = shared_path("intellect_math", "dev.jsonl")
+    dataset = load_sft_dataset(str(source), "train[:-100]", limit=3)
+    assert len(dataset) == 3 and dataset.column_names == ["prompt", "completion"]
+    row = dataset[0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert [m["role"] for m in row["completion"]] == ["assistant"]
+    assert "\\boxed" in row["completion"][0]["content"]
+    assert len(load_sft_dataset(str(source), "test[-100:]")) == 100  # a local file's one split, sliced
+
+
+def test_sft_trace_without_a_final_assistant_turn_names_file_and_row(tmp_path):
+    import json
+
+    good = {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}
+    bad = {"messages": [{"role": "user", "content": "2+2"}]}
+    path = _write(tmp_path / "traces.jsonl", "".join(json.dumps(r) + "\n" for r in (good, good, bad)))
+    with pytest.raises(RecipeError, match=f"{path}: row 2: .*assistant"):
+        load_sft_dataset(str(path), "train")
