@@ -273,7 +273,7 @@ def _pop_config_flag(args: list[str]) -> str | None:
     return None
 
 
-def make_parser(kind: str = "grpo", prog: str | None = None):
+def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = None):
     """The recipe parser for `kind` ("grpo" or "sft"): (script args, training config, `trl.ModelConfig`)."""
     from trl import ModelConfig, SFTConfig
 
@@ -289,6 +289,8 @@ def make_parser(kind: str = "grpo", prog: str | None = None):
         "--config YAML: a recipe (recipes/<task>/*.yaml) whose keys are the flags above; `base: other.yaml` "
         "inherits from another recipe; command-line flags override the YAML."
     )
+    if task == "countdown":
+        epilog += " Without --config, recipes/countdown.py runs the embedded CPU demo (python -m trl_ext.demo --help)."
     return _recipe_parser_class()(types, prog=prog, epilog=epilog)
 
 
@@ -304,7 +306,7 @@ def parse_recipe_args(task: str, argv: Sequence[str] | None = None):
         is derived from `n_grpo_steps`.
     """
     kind = "sft" if task == "sft" else "grpo"
-    script_args, training_args, model_args = make_parser(kind).parse_args_and_config(argv)
+    script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
     if kind == "grpo":
         apply_task_defaults(task, script_args)
         resolve_max_steps(script_args, training_args)
