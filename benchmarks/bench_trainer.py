@@ -1,0 +1,205 @@
+"""Stock `trl.GRPOTrainer` vs `trl_ext.AblationGRPOTrainer` on equivalent configs: step time and peak RSS.
+
+Pairs (the same objective, see tests/test_trainer_equivalence.py):
+    grpo     stock loss_type="grpo",    scale_rewards="group"  vs ours std on,  masked_mean,      grpo_clip
+    dr_grpo  stock loss_type="dr_grpo", scale_rewards="none"   vs ours std off, masked_normalize, grpo_clip
+
+Model: a tiny Qwen3-architecture network with the real 151,669-token Qwen3 vocabulary when
+`../shared/data/qwen3_tokenizer` (or `$TRL_EXT_SHARED_DATA/qwen3_tokenizer`) exists, else the character tokenizer.
+Each run is its own subprocess (so peak RSS does not mix between runs), runs alternate stock/ours with the order
+flipped every repeat (ABBA), the first step of each run is warm-up and excluded. Prints the median step-time ratio
+and the median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results/trainer.json.
+
+    python benchmarks/bench_trainer.py                # 8 runs, about 5 minutes on 2 busy CPU cores
+    python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("TRL_EXT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+RESULTS = ROOT / "benchmarks" / "results" / "trainer.json"
+GOAL = 1.03
+PAIRS = {
+    "grpo": (
+        dict(use_std_normalization=True, length_normalization="masked_mean", pg_loss_type="grpo_clip"),
+        dict(loss_type="grpo", scale_rewards="group"),
+    ),
+    "dr_grpo": (
+        dict(use_std_normalization=False, length_normalization="masked_normalize", pg_loss_type="grpo_clip"),
+        dict(loss_type="dr_grpo", scale_rewards="none"),
+    ),
+}
+PROMPTS = [
+    "Using the numbers 3, 5 and 7, make 22.",
+    "What is 17 times 23?",
+    "Solve for x: 2x + 3 = 11.",
+    "How many primes are below 30?",
+]
+
+
+def id_reward(completion_ids, **kwargs) -> list[float]:
+    """Deterministic reward with spread inside groups, so both trainers do the same non-trivial work."""
+    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+def worker(args) -> None:
+    """One training run; writes its step times and peak RSS as JSON to `args.out`."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    torch.set_num_threads(args.threads)
+    tok_dir = SHARED / "qwen3_tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.exists() else build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    ours_cfg, stock_cfg = PAIRS[args.pair]
+    common = dict(
+        output_dir=str(Path(args.out).with_suffix("")),
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        max_completion_length=args.completion_length,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=args.steps,
+        learning_rate=1e-3,
+        seed=0,
+        bf16=False,
+        disable_tqdm=True,
+        log_level="error",
+    )
+    if args.impl == "stock":
+        config, trainer_cls = GRPOConfig(**common, **stock_cfg), GRPOTrainer
+    else:
+        config, trainer_cls = AblationGRPOConfig(**common, **ours_cfg), AblationGRPOTrainer
+    trainer = trainer_cls(
+        model,
+        id_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 16}),
+        processing_class=tokenizer,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+    result = {
+        "impl": args.impl,
+        "pair": args.pair,
+        "step_times": step_times[1:],  # the first step pays one-off costs (allocator, kernels)
+        "wall_s": wall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
+        "vocab_size": len(tokenizer),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }
+    Path(args.out).write_text(json.dumps(result))
+
+
+def run_one(impl: str, pair: str, args, tmp: Path, index: int) -> dict:
+    out = tmp / f"{index:02d}_{pair}_{impl}.json"
+    cmd = [
+        sys.executable, __file__, "--worker", "--impl", impl, "--pair", pair, "--out", str(out),
+        "--steps", str(args.steps), "--threads", str(args.threads), "--completion-length", str(args.completion_length),
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(args.threads),
+    }
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=2, help="A/B runs per pair (order flipped every repeat)")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run (the first is warm-up)")
+    parser.add_argument("--completion-length", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--pairs", default="grpo,dr_grpo")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=["stock", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument("--pair", choices=list(PAIRS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    import tempfile
+
+    pairs = args.pairs.split(",")
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        index = 0
+        for repeat in range(args.repeats):
+            for pair in pairs:
+                order = ("stock", "ours") if repeat % 2 == 0 else ("ours", "stock")
+                for impl in order:
+                    runs.append(run_one(impl, pair, args, Path(tmp), index))
+                    index += 1
+                    r = runs[-1]
+                    print(f"repeat {repeat} {pair:8s} {impl:5s} median step {statistics.median(r['step_times']):.4f}s "
+                          f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+
+    summary = {}
+    for pair in pairs:
+        med = {}
+        for impl in ("stock", "ours"):
+            mine = [r for r in runs if r["pair"] == pair and r["impl"] == impl]
+            med[impl] = {
+                "median_step_s": statistics.median(t for r in mine for t in r["step_times"]),
+                "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
+            }
+        summary[pair] = {
+            **{f"{impl}_{k}": v for impl, m in med.items() for k, v in m.items()},
+            "step_time_ratio": med["ours"]["median_step_s"] / med["stock"]["median_step_s"],
+            "peak_rss_ratio": med["ours"]["median_peak_rss_mb"] / med["stock"]["median_peak_rss_mb"],
+        }
+        s = summary[pair]
+        print(f"{pair}: step-time ratio {s['step_time_ratio']:.3f}, peak-RSS ratio {s['peak_rss_ratio']:.3f} "
+              f"(ours / stock; goal <= {GOAL})")  # fmt: skip
+
+    result = {
+        "benchmark": "AblationGRPOTrainer vs trl.GRPOTrainer, equivalent configs",
+        "goal_ratio_max": GOAL,
+        "device": "cpu",
+        "gpu": "none in this session (CPU only); the issue's Qwen3-1.7B bf16 run was not possible",
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": args.threads},
+        "model": {"vocab_size": runs[0]["vocab_size"], "num_parameters": runs[0]["num_parameters"]},
+        "settings": {
+            "repeats": args.repeats,
+            "steps_per_run": args.steps,
+            "warmup_steps_excluded": 1,
+            "completion_length": args.completion_length,
+            "completions_per_step": 8,
+        },
+        "summary": summary,
+        "all_within_goal": all(s["step_time_ratio"] <= GOAL and s["peak_rss_ratio"] <= GOAL for s in summary.values()),
+        "runs": runs,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
