@@ -325,3 +325,23 @@ def test_sft_trace_without_a_final_assistant_turn_names_file_and_row(tmp_path):
     path = _write(tmp_path / "traces.jsonl", "".join(json.dumps(r) + "\n" for r in (good, good, bad)))
     with pytest.raises(RecipeError, match=f"{path}: row 2: .*assistant"):
         load_sft_dataset(str(path), "train")
+
+
+def test_countdown_script_without_config_runs_the_embedded_default(monkeypatch):
+    """`accelerate launch recipes/countdown.py` (no --config), i.e. `make run`, hands its argv to trl_ext.demo.main."""
+    import importlib.util
+
+    import trl_ext.demo
+
+    calls = []
+    monkeypatch.setattr(trl_ext.demo, "main", lambda argv=None: calls.append(argv) or {"demo": True})
+    spec = importlib.util.spec_from_file_location("countdown_recipe", RECIPES / "countdown.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--seed", "3"]) == {"demo": True}
+    assert calls == [["--seed", "3"]]
+
+
+def test_config_flag_accepts_the_equals_form():
+    script_args, args, _ = parse_recipe_args("countdown", [f"--config={RECIPES / 'countdown' / 'seed001.yaml'}", *CPU])
+    assert args.temperature == 0.7 and script_args.prompt == "countdown"
