@@ -329,19 +329,41 @@ def test_sft_trace_without_a_final_assistant_turn_names_file_and_row(tmp_path):
 
 def test_countdown_script_without_config_runs_the_embedded_default(monkeypatch):
     """`accelerate launch recipes/countdown.py` (no --config), i.e. `make run`, hands its argv to trl_ext.demo.main."""
-    import importlib.util
-
     import trl_ext.demo
 
     calls = []
     monkeypatch.setattr(trl_ext.demo, "main", lambda argv=None: calls.append(argv) or {"demo": True})
-    spec = importlib.util.spec_from_file_location("countdown_recipe", RECIPES / "countdown.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--seed", "3"]) == {"demo": True}
+    assert _load_script("countdown").main(["--seed", "3"]) == {"demo": True}
     assert calls == [["--seed", "3"]]
 
 
 def test_config_flag_accepts_the_equals_form():
     script_args, args, _ = parse_recipe_args("countdown", [f"--config={RECIPES / 'countdown' / 'seed001.yaml'}", *CPU])
     assert args.temperature == 0.7 and script_args.prompt == "countdown"
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_recipe", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
+    """The model path does not exist: reaching the model load would raise OSError instead of these errors."""
+    import json
+
+    data = _write(tmp_path / "cd.jsonl", json.dumps({"nums": [1, 2, 3], "target": 6}) + "\n")
+    common = ["--config", str(RECIPES / "countdown" / "base.yaml"), *CPU, "--model_name_or_path", str(tmp_path / "no")]
+    common += ["--dataset_source", str(data), "--dataset_split", "train", "--eval_split", "none"]
+    countdown = _load_script("countdown")
+    with pytest.raises(ValueError, match="unknown reward function.*'nope'"):
+        countdown.main([*common, "--reward_funcs", "nope"])
+    with pytest.raises(ValueError, match="unknown prompt 'nope'"):
+        countdown.main([*common, "--prompt", "nope"])
+    with pytest.raises(RecipeError, match=r"split 'train\[5:\]' has no rows"):
+        countdown.main([*common, "--dataset_split", "train[5:]"])
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        countdown.main([*common, "--dataset_source", str(tmp_path / "missing.jsonl")])
