@@ -333,8 +333,10 @@ def split_gpus(setup: AccelerateSetup, available: Sequence[str], source: str = "
 def server_parallelism(free: Sequence[str], tp: int | None, dp: int | None) -> tuple[list[str], int, int]:
     """The server's GPUs and its tensor / data parallel sizes.
 
-    With neither size given, the server takes every free GPU as one tensor-parallel group (`tp = len(free)`,
-    `dp = 1`; vLLM refuses `dp > 1` for dense models). Otherwise it takes the first `tp * dp` free GPUs.
+    With neither size given: one tensor-parallel group over the largest power of two of free GPUs,
+    `tp = 2 ** floor(log2(len(free)))`, `dp = 1` (attention head counts are powers of two times a small factor, so
+    `tp = 3` or `7` fails to shard; vLLM refuses `dp > 1` for dense models). Otherwise the first `tp * dp` free GPUs.
+    Free GPUs beyond that stay idle.
 
     Raises:
         LaunchError: no GPU is free, a size is < 1, or `tp * dp` exceeds the free GPUs.
@@ -342,8 +344,10 @@ def server_parallelism(free: Sequence[str], tp: int | None, dp: int | None) -> t
     if not free:
         raise LaunchError("no free GPU left for the vLLM server")
     if tp is None and dp is None:
-        return list(free), len(free), 1
-    tp, dp = tp or 1, dp or 1
+        tp = 1 << (len(free).bit_length() - 1)
+        return list(free[:tp]), tp, 1
+    tp = 1 if tp is None else tp
+    dp = 1 if dp is None else dp
     if tp < 1 or dp < 1:
         raise LaunchError(f"--vllm-tp and --vllm-dp must be >= 1, got {tp} and {dp}")
     if tp * dp > len(free):
@@ -516,9 +520,11 @@ def plan_launch(
     trainer = trainer_command(accelerate_config, recipe, config, extra_args, trainer_env, template=train_cmd)
     log_root = Path(log_dir) if log_dir is not None else Path(serving.output_dir or "runs/launch")
     connect_host = "127.0.0.1" if serving.host in ("", "0.0.0.0", "::") else serving.host
+    idle = [gpu for gpu in free if gpu not in server_gpus]
     note = (
         f"vLLM server mode: {serving.model} on GPU(s) {','.join(server_gpus)} (tp {tp}, dp {dp}), training on "
         f"{','.join(train) or 'CPU'}; {len(available)} GPU(s) from {source}"
+        + (f"; idle: {','.join(idle)}" if idle else "")
     )
     return LaunchPlan(
         trainer=trainer,
@@ -554,13 +560,31 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    """Whether any live (not zombie) process is in group `pgid`.
+
+    `killpg(pgid, 0)` alone also counts zombies, which a container whose PID 1 does not reap keeps forever, so
+    `/proc` is read where there is one.
+    """
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the parenthesised command name: state, ppid, pgrp, ...
+            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -583,12 +607,12 @@ def stop_process_group(proc: subprocess.Popen, grace: float, first_signal: int =
         # poll() reaps the leader; a zombie leader would keep the group "alive".
         if proc.poll() is not None and not _group_alive(pgid):
             return
-        time.sleep(0.05)
+        time.sleep(0.1)
     _signal_group(pgid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 5.0
     while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -1,0 +1,110 @@
+"""accelerate_configs/*.yaml: each loads with accelerate's own loader and its launch parser places training where
+the launcher expects (the CUDA_VISIBLE_DEVICES accelerate exports equals the one `trl-ext launch` gives the trainer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trl_ext.launch import plan_launch, read_accelerate_config, split_gpus
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+TRAIN_GPUS_1_TO_7 = "1,2,3,4,5,6,7"
+
+# name -> (distributed_type, num_processes, gpu_ids, use_cpu, DeepSpeed zero_stage, mixed_precision)
+EXPECTED = {
+    "cpu.yaml": ("NO", 1, None, True, None, "no"),
+    "single_gpu.yaml": ("NO", 1, "all", False, None, "bf16"),
+    "vllm_server_gpu0_train_gpu1.yaml": ("NO", 1, "1", False, None, "bf16"),
+    "multi_gpu.yaml": ("MULTI_GPU", 7, TRAIN_GPUS_1_TO_7, False, None, "bf16"),
+    "zero2.yaml": ("DEEPSPEED", 7, TRAIN_GPUS_1_TO_7, False, 2, "bf16"),
+    "zero3.yaml": ("DEEPSPEED", 7, TRAIN_GPUS_1_TO_7, False, 3, "bf16"),
+}
+
+
+def test_the_six_configs_exist():
+    assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_loads_with_accelerates_own_loader(name):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    config = load_config_from_file(str(CONFIG_DIR / name))
+    distributed_type, num_processes, gpu_ids, use_cpu, zero_stage, mixed_precision = EXPECTED[name]
+    assert isinstance(config, ClusterConfig)
+    assert config.distributed_type.value == distributed_type
+    assert config.num_processes == num_processes
+    assert config.gpu_ids == gpu_ids
+    assert config.use_cpu is use_cpu
+    assert config.deepspeed_config.get("zero_stage") == zero_stage
+    assert config.mixed_precision == mixed_precision
+    assert config.num_machines == 1
+    if zero_stage == 3:
+        assert config.deepspeed_config["zero3_init_flag"] is True
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_launcher_reads_what_accelerate_reads(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    reference = load_config_from_file(str(CONFIG_DIR / name))
+    ours = read_accelerate_config(CONFIG_DIR / name)
+    assert ours.distributed_type == reference.distributed_type.value
+    assert ours.num_processes == reference.num_processes
+    assert ours.num_machines == reference.num_machines
+    assert ours.use_cpu is reference.use_cpu
+    expected_ids = None if reference.gpu_ids in (None, "all") else tuple(reference.gpu_ids.split(","))
+    assert ours.gpu_ids == expected_ids
+
+
+def _accelerate_launch_env(config_file: Path, monkeypatch) -> dict[str, str]:
+    """The environment `accelerate launch --config_file F script.py` gives its processes, without launching them."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import (
+        prepare_deepspeed_cmd_env,
+        prepare_multi_gpu_env,
+        prepare_simple_launcher_cmd_env,
+    )
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "script.py", "--x", "1"])
+    args, _, _ = _validate_launch_command(args)
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ""  # set by accelerate's launch_command before this call
+        return prepare_deepspeed_cmd_env(args)[1]
+    if args.multi_gpu:
+        return prepare_multi_gpu_env(args)
+    return prepare_simple_launcher_cmd_env(args)[1]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_accelerate_launch_places_training_where_the_launcher_does(name, monkeypatch, tmp_path):
+    distributed_type, num_processes, gpu_ids, use_cpu, zero_stage, _ = EXPECTED[name]
+    env = _accelerate_launch_env(CONFIG_DIR / name, monkeypatch)
+
+    # Only the single-process launcher exports ACCELERATE_USE_CPU; the distributed ones never run on CPU here.
+    assert env.get("ACCELERATE_USE_CPU", "False") == str(use_cpu)
+    if zero_stage is not None:
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+        assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(zero_stage)
+    # Explicit gpu_ids: accelerate exports them; "all"/none: it leaves CUDA_VISIBLE_DEVICES alone.
+    assert env.get("CUDA_VISIBLE_DEVICES") == (gpu_ids if gpu_ids not in (None, "all") else None)
+
+    # The launcher, on an 8-GPU node, hands the trainer the same GPUs and the server only the others.
+    train, free = split_gpus(read_accelerate_config(CONFIG_DIR / name), [str(i) for i in range(8)])
+    if gpu_ids not in (None, "all"):
+        assert ",".join(train) == env["CUDA_VISIBLE_DEVICES"]
+    assert not set(train) & set(free)
+    assert len(train) == (0 if use_cpu else num_processes)
+
+    recipe_yaml = tmp_path / "recipe.yaml"
+    recipe_yaml.write_text("model_name_or_path: m\nuse_vllm: true\nvllm_mode: server\n")
+    script = tmp_path / "script.py"
+    script.write_text("")
+    plan = plan_launch(CONFIG_DIR / name, script, recipe_yaml, num_gpus=8, log_dir=tmp_path)
+    assert plan.trainer.env["CUDA_VISIBLE_DEVICES"] == ",".join(train)
+    assert plan.server.env["CUDA_VISIBLE_DEVICES"] == ",".join(plan.server_gpus)
+    assert set(plan.server_gpus) <= set(free)
