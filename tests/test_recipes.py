@@ -367,3 +367,36 @@ def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
         countdown.main([*common, "--dataset_split", "train[5:]"])
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         countdown.main([*common, "--dataset_source", str(tmp_path / "missing.jsonl")])
+
+
+@pytest.mark.parametrize(
+    ("recipe", "train_file", "eval_file"),
+    [
+        ("gsm8k/r1_zero.yaml", ("gsm8k", "train.jsonl"), ("gsm8k", "test.jsonl")),
+        ("math/r1_zero.yaml", ("math", "math12k_train.jsonl"), ("math", "math500_test.jsonl")),
+        ("math/question_only.yaml", ("math", "math12k_train.jsonl"), ("math", "math500_test.jsonl")),
+        ("countdown/seed000_grpo_l512.yaml", ("countdown", "train_10k.parquet"), ("countdown", "dev.parquet")),
+    ],
+)
+def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
+    """The recipe's prompt settings reach the task loaders; the reward's columns are there (real data, no model)."""
+    from trl_ext.recipes import load_grpo_datasets
+
+    train_path, eval_path = shared_path(*train_file), shared_path(*eval_file)
+    overrides = ["--dataset_source", str(train_path), "--dataset_split", "train", "--limit", "8"]
+    overrides += ["--eval_source", str(eval_path), "--eval_split", "train"]
+    script_args, training_args, _ = _parse(recipe, *overrides)
+    train, evaluation = load_grpo_datasets(_task(recipe), script_args, training_args)
+    assert len(train) == 8
+    assert len(evaluation) == min(
+        1024, {"test.jsonl": 1319, "math500_test.jsonl": 500, "dev.parquet": 1024}[eval_file[1]]
+    )
+    prompt = train[0]["prompt"]
+    if script_args.chat_template:  # seed 000: TinyZero's question as the user turn of the chat template
+        assert [m["role"] for m in prompt] == ["user"] and "<answer> </answer> tags" in prompt[0]["content"]
+        assert {"nums", "target"} <= set(train.column_names)
+    elif script_args.prompt == "r1_zero":
+        assert prompt.endswith("Assistant: <think>") and "ground_truth" in train.column_names
+    else:
+        assert prompt == evaluation[0]["prompt"] or "<think>" not in prompt
+        assert "ground_truth" in train.column_names
