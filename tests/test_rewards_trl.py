@@ -67,6 +67,10 @@ def test_missing_columns_are_named():
         countdown_reward(["x"], target=[3])
     with pytest.raises(ValueError, match=r"\['ground_truth', 'answer'\].*\['solution'\]"):
         r1_zero_reward(["x"], solution=["3"], log_metric=None, trainer_state=None)
+    with pytest.raises(ValueError, match="'numbers' must hold integers, got 1.5"):
+        countdown_reward(["x"], target=[3], nums=[[1.5, 2]])
+    with pytest.raises(ValueError, match="'target' must hold integers"):
+        countdown_reward(["x"], target=["three"], nums=[[1, 2]])
     with pytest.raises(ValueError, match="2 values for 1 completions"):
         r1_zero_reward(["x"], ground_truth=["1", "2"])
 

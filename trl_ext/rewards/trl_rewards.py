@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from trl_ext.rewards.countdown import countdown_reward_components, parse_countdown_ground_truth
+from trl_ext.rewards.countdown import countdown_numbers_and_target, parse_countdown_ground_truth, score_countdown
 from trl_ext.rewards.math import GRADE_TIMEOUT_S, extract_gsm8k_answer, question_only_reward_fn, r1_zero_reward_fn
 
 __all__ = ["CountdownReward", "MathReward", "completion_text"]
@@ -52,6 +52,8 @@ _TRL_KWARGS = {"prompts", "completion_ids", "trainer_state", "log_metric", "log_
 
 
 def _report(name: str, components: list[dict], log_metric: Callable | None, log_extra: Callable | None) -> None:
+    if log_metric is None and log_extra is None:
+        return
     for key in ("format_reward", "answer_reward"):
         values = [c[key] for c in components]
         if log_metric is not None and values:
@@ -77,23 +79,22 @@ class CountdownReward:
         if require_all:
             self.__name__ = "countdown_reward_all_numbers"
 
-    def ground_truths(self, n: int, columns: Mapping) -> list[Mapping]:
+    def ground_truths(self, n: int, columns: Mapping) -> list[tuple[list[int], int]]:
+        """`(numbers, target)` per completion from the batch's columns; ValueError naming a missing column."""
         if columns.get("target") is not None:
             targets = _column(columns, ("target",), n, self.__name__)
             numbers = _column(columns, ("nums", "numbers"), n, self.__name__)
-            return [{"numbers": nums, "target": target} for nums, target in zip(numbers, targets, strict=True)]
+            return [countdown_numbers_and_target(ns, t) for ns, t in zip(numbers, targets, strict=True)]
         if columns.get("reward_model") is not None:
             models = _column(columns, ("reward_model",), n, self.__name__)
-            return [model["ground_truth"] for model in models]
-        return _column(columns, ("ground_truth",), n, self.__name__)
+            return [parse_countdown_ground_truth(model["ground_truth"]) for model in models]
+        return [parse_countdown_ground_truth(t) for t in _column(columns, ("ground_truth",), n, self.__name__)]
 
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
-        truths = self.ground_truths(len(completions), columns)
-        for truth in truths:  # bad data fails here, before any completion is scored
-            parse_countdown_ground_truth(truth)
+        truths = self.ground_truths(len(completions), columns)  # bad data fails before any scoring
         components = [
-            countdown_reward_components(completion_text(c), truth, self.require_all)
-            for c, truth in zip(completions, truths, strict=True)
+            score_countdown(completion_text(c), numbers, target, self.require_all)
+            for c, (numbers, target) in zip(completions, truths, strict=True)
         ]
         _report(self.__name__, components, log_metric, log_extra)
         return [c["reward"] for c in components]
