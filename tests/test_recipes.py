@@ -388,15 +388,16 @@ def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
     script_args, training_args, _ = _parse(recipe, *overrides)
     train, evaluation = load_grpo_datasets(_task(recipe), script_args, training_args)
     assert len(train) == 8
-    assert len(evaluation) == min(
-        1024, {"test.jsonl": 1319, "math500_test.jsonl": 500, "dev.parquet": 1024}[eval_file[1]]
-    )
+    rows = {"test.jsonl": 1319, "math500_test.jsonl": 500, "dev.parquet": 1024}[eval_file[1]]
+    assert len(evaluation) == min(1024, rows)  # eval_limit 1024
     prompt = train[0]["prompt"]
     if script_args.chat_template:  # seed 000: TinyZero's question as the user turn of the chat template
         assert [m["role"] for m in prompt] == ["user"] and "<answer> </answer> tags" in prompt[0]["content"]
         assert {"nums", "target"} <= set(train.column_names)
     elif script_args.prompt == "r1_zero":
         assert prompt.endswith("Assistant: <think>") and "ground_truth" in train.column_names
-    else:
-        assert prompt == evaluation[0]["prompt"] or "<think>" not in prompt
+    else:  # question_only: the bare problem text
+        import json
+
+        assert prompt == json.loads(train_path.read_text().splitlines()[0])["problem"]
         assert "ground_truth" in train.column_names
