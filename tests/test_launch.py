@@ -22,6 +22,7 @@ import pytest
 
 from trl_ext.launch import (
     LaunchError,
+    ServerProcess,
     check_port_free,
     detect_gpus,
     plan_launch,
@@ -377,6 +378,30 @@ def test_success_server_healthy_before_trainer_and_nothing_left(rig):
     _assert_all_gone(rig.server_record, rig.trainer_record)
 
 
+def test_server_process_context_manager_owns_its_group(rig):
+    plan = rig.plan()
+    with ServerProcess(plan.server, plan.server_log, plan.health_url, grace=3) as server:
+        assert server.wait_healthy(20, poll_interval=0.05) < 20
+        record = _wait_for(rig.server_record, timeout=10)
+        assert record["pid"] == server.pid and _alive(record["worker"])
+    _assert_all_gone(rig.server_record)
+
+
+def test_missing_trainer_executable_is_an_error_and_stops_the_server(rig):
+    plan = plan_launch(
+        CONFIGS / "vllm_server_gpu0_train_gpu1.yaml",
+        rig.recipe,
+        rig.config,
+        num_gpus=2,
+        server_cmd=rig.server_cmd(),
+        train_cmd=str(rig.dir / "no-such-trainer"),
+        log_dir=rig.dir / "logs",
+    )
+    with pytest.raises(LaunchError, match=r"could not start the trainer .*no-such-trainer"):
+        run_launch(plan, health_timeout=20, grace=3, poll_interval=0.05, echo=lambda _: None)
+    _assert_all_gone(rig.server_record)
+
+
 def test_trainer_failure_returns_its_code_and_stops_the_server(rig):
     assert run_launch(rig.plan(exit_code=7), health_timeout=20, grace=3, poll_interval=0.05, echo=lambda _: None) == 7
     assert json.loads(rig.trainer_record.read_text())["health"] == 200
@@ -423,8 +448,10 @@ def test_server_ignoring_sigterm_is_killed_after_the_grace_period(rig):
     _assert_all_gone(rig.server_record, rig.trainer_record)
 
 
-def test_sigint_to_the_launcher_stops_trainer_and_server(rig):
-    """Ctrl-C on the real CLI (`python -m trl_ext.cli launch ...`) while the trainer runs: exit 130, no orphans."""
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_the_launcher_stops_trainer_and_server(rig, signum, code):
+    """Ctrl-C (or SIGTERM) to the real CLI (`python -m trl_ext.cli launch ...`) while the trainer runs: 128 + signal,
+    no orphans."""
     accel = CONFIGS / "vllm_server_gpu0_train_gpu1.yaml"
     argv = [sys.executable, "-m", "trl_ext.cli", "launch", "--accelerate-config", str(accel), str(rig.recipe)]
     argv += ["--config", str(rig.config), "--num-gpus", "2", "--log-dir", str(rig.dir / "logs"), "--grace", "3"]
@@ -433,14 +460,14 @@ def test_sigint_to_the_launcher_stops_trainer_and_server(rig):
     try:
         trainer = _wait_for(rig.trainer_record, timeout=30)
         assert _alive(trainer["pid"]) and _alive(json.loads(rig.server_record.read_text())["pid"])
-        launcher.send_signal(signal.SIGINT)
+        launcher.send_signal(signum)
         output, _ = launcher.communicate(timeout=30)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert launcher.returncode == 130, output
-    assert "interrupted by SIGINT" in output
+    assert launcher.returncode == code, output
+    assert f"interrupted by {signal.Signals(signum).name}" in output
     _assert_all_gone(rig.server_record, rig.trainer_record)
 
 

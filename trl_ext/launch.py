@@ -771,9 +771,12 @@ def run_launch(
                 echo(f"vLLM server healthy after {took:.1f} s (pid {server.pid}); starting the trainer")
             # Its own process group, so a stop reaches accelerate's worker processes too; stdin closed so a
             # background group never blocks on the terminal.
-            trainer = subprocess.Popen(
-                plan.trainer.argv, env=plan.trainer.full_env(), stdin=subprocess.DEVNULL, process_group=0
-            )
+            try:
+                trainer = subprocess.Popen(
+                    plan.trainer.argv, env=plan.trainer.full_env(), stdin=subprocess.DEVNULL, process_group=0
+                )
+            except OSError as exc:
+                raise LaunchError(f"could not start the trainer `{plan.trainer.render()}`: {exc}") from exc
             code = trainer.wait()
         except _Interrupted as exc:
             interrupted = exc.signum
