@@ -41,7 +41,7 @@ import typer
 # TRL 1.16 GRPOConfig defaults for the server the trainer connects to.
 TRL_DEFAULT_HOST = "0.0.0.0"
 TRL_DEFAULT_PORT = 8000
-# vLLM's own OpenAI server (what `trl vllm-serve` runs since TRL 1.x) answers here; TRL's VLLMClient polls it too.
+# vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
 HEALTH_PATH = "/health"
 SERVER_CMD_ENV = "TRL_EXT_SERVER_CMD"
 TRAIN_CMD_ENV = "TRL_EXT_TRAIN_CMD"
