@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -185,3 +189,36 @@ def test_question_only_reward_fn(response, ground_truth, expected):
 def test_bad_ground_truth_type_raises():
     with pytest.raises(ValueError, match="ground_truth"):
         r1_zero_reward_fn("</think> <answer> 1 </answer>", {"answer": 1})
+
+
+def test_worker_exits_when_its_parent_is_killed():
+    """A parent killed with SIGKILL cannot clean up; the worker, busy on `9^{9^{9^9}}`, still exits."""
+    script = (
+        "from trl_ext.rewards import math as rmath\n"
+        "rmath.grade('3\\\\sqrt{13}', '\\\\sqrt{117}')\n"
+        "print(rmath._WORKER._proc.pid, flush=True)\n"
+        "rmath.grade('9^{9^{9^9}}', '1', timeout=60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        time.sleep(1.0)  # the power tower is in the worker now
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(worker_pid, signal.SIGKILL)
+    raise AssertionError("the worker outlived its killed parent by 10 s")
+
+
+def test_a_worker_killed_from_outside_is_replaced_without_a_wrong_grade():
+    assert grade("2\\sqrt{2}", "\\sqrt{8}") is True  # the worker is up
+    # Not reaped here: the next call finds it dead either before sending (poll) or while reading (EOF, retried).
+    os.kill(rmath._WORKER._proc.pid, signal.SIGKILL)
+    assert grade("3\\sqrt{3}", "\\sqrt{27}") is True  # not a false "wrong": answered by a fresh worker

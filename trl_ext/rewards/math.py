@@ -53,9 +53,6 @@ MAX_ANSWER_CHARS = 1000
 
 _BRACES = re.compile(r"[{}]")
 
-# ---------------------------------------------------------------------------------------------------------------
-# extraction
-
 
 def extract_boxed(text: str) -> str | None:
     r"""Content of the last `\boxed{...}` (or `\fbox{...}`, or `\boxed 5`) in `text`, braces balanced; else None.
@@ -91,9 +88,6 @@ def extract_gsm8k_answer(solution: str) -> str:
         raise ValueError(f"GSM8K solution has no '#### <answer>' line: {str(solution)[-80:]!r}")
     return solution.rsplit("####", 1)[1].strip().replace(",", "")
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# normalisation
 
 _UNIT_WORDS = (
     "square units|square feet|square inches|square meters|units|degrees|centimeters|cm|meters|km|kilometers|"
@@ -172,10 +166,6 @@ def _as_number(normalized: str) -> Fraction | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# math-verify in a child process with a hard time limit
-
-
 class _MathVerifyWorker:
     """A persistent `_grader_worker.py` child; killed and restarted when a comparison runs past its limit.
 
@@ -195,7 +185,7 @@ class _MathVerifyWorker:
 
     def _start(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-P", "-u", self._SCRIPT],
+            [sys.executable, "-P", "-u", self._SCRIPT, str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -230,24 +220,28 @@ class _MathVerifyWorker:
 
     def verify(self, gold: str, prediction: str, timeout: float) -> bool:
         """math-verify's `verify(parse(gold), parse(prediction))`; False when it errs or exceeds `timeout` s."""
+        request = (json.dumps([gold, prediction]) + "\n").encode()
         with self._lock:
             if self._pid != os.getpid():  # forked: the pipes belong to the parent's worker
                 self._proc, self._pid = None, os.getpid()
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
-            try:
-                self._proc.stdin.write((json.dumps([gold, prediction]) + "\n").encode())
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError):
+            # A worker that died under us (killed from outside, or with the thread that started it) gets one retry.
+            for _ in range(2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._start()
+                try:
+                    self._proc.stdin.write(request)
+                    self._proc.stdin.flush()
+                    line = self._read_line(timeout)
+                except OSError:  # BrokenPipeError: it died before reading
+                    line = None
+                if line is not None:
+                    return line == b"1"
+                died = self._proc.poll() is not None
                 self._kill()
                 self.restarts += 1
-                return False
-            line = self._read_line(timeout)
-            if line is None:
-                self._kill()
-                self.restarts += 1
-                return False
-            return line == b"1"
+                if not died:  # over the time limit: the answer is wrong
+                    return False
+            return False
 
     def close(self) -> None:
         with self._lock:
@@ -257,10 +251,6 @@ class _MathVerifyWorker:
 
 _WORKER = _MathVerifyWorker()
 atexit.register(_WORKER.close)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# grading and rewards
 
 
 def grade(
