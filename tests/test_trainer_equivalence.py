@@ -19,6 +19,7 @@ from test_trainer_helpers import (
     loss_and_grads,
     make_trainer,
     max_rel_diff,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
     perturb_,
     reference_logps,
     tiny_model,

@@ -8,7 +8,7 @@ starts near 0.1 and the policy only has to move probability mass onto ten tokens
 from __future__ import annotations
 
 import pytest
-from test_trainer_helpers import digit_share_reward, make_trainer
+from test_trainer_helpers import digit_share_reward, make_trainer, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from trl_ext.objectives import LENGTH_NORMALIZATIONS, PG_LOSS_TYPES
 

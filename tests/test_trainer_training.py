@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trainer_helpers import make_trainer, reference_logps
+from test_trainer_helpers import make_trainer, one_torch_thread, reference_logps  # noqa: F401 (autouse fixture)
 
 from trl_ext import AblationGRPOTrainer
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 import trl
-from test_trainer_helpers import generate, group_inputs, make_trainer
+from test_trainer_helpers import generate, group_inputs, make_trainer, one_torch_thread  # noqa: F401 (autouse fixture)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.trainer import _FORWARD_KEYS
