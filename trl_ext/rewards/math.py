@@ -192,7 +192,11 @@ class _MathVerifyWorker:
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         self._buffer = b""
-        if self._read_line(self._START_TIMEOUT_S) != b"ready":
+        try:
+            ready = self._read_line(self._START_TIMEOUT_S) == b"ready"
+        except EOFError:
+            ready = False
+        if not ready:
             self._kill()
             raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
 
@@ -204,8 +208,8 @@ class _MathVerifyWorker:
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 return None
             chunk = os.read(fd, 4096)
-            if not chunk:  # the worker died
-                return None
+            if not chunk:
+                raise EOFError("the math-verify worker died")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.strip()
@@ -232,15 +236,14 @@ class _MathVerifyWorker:
                     self._proc.stdin.write(request)
                     self._proc.stdin.flush()
                     line = self._read_line(timeout)
-                except OSError:  # BrokenPipeError: it died before reading
-                    line = None
-                if line is not None:
-                    return line == b"1"
-                died = self._proc.poll() is not None
-                self._kill()
-                self.restarts += 1
-                if not died:  # over the time limit: the answer is wrong
-                    return False
+                except (OSError, EOFError):  # it died before reading (BrokenPipeError) or before answering
+                    self._kill()
+                    self.restarts += 1
+                    continue
+                if line is None:  # over the time limit: the answer is wrong
+                    self._kill()
+                    self.restarts += 1
+                return line == b"1"
             return False
 
     def close(self) -> None:
