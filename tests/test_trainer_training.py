@@ -118,3 +118,38 @@ def test_resume_from_checkpoint_continues_identically(char_tokenizer, tmp_path):
         assert reward_r == pytest.approx(reward), step
     for (name, p), p_r in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(p_r, p, msg=name)
+
+
+def component_reward(completions, log_metric=None, **kwargs) -> list[float]:
+    """Digit share, reporting two components through TRL's `log_metric` hook like trl_ext.rewards does."""
+    digits = [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+    letters = [sum(ch.isalpha() for ch in text) / max(len(text), 1) for text in completions]
+    if log_metric is not None:
+        log_metric("rewards/component_reward/digit_share", sum(digits) / len(digits))
+        log_metric("rewards/component_reward/letter_share", sum(letters) / len(letters))
+    return digits
+
+
+def test_step_metrics(char_tokenizer, tmp_path):
+    trainer = make_trainer(
+        char_tokenizer, tmp_path, reward=component_reward, group_size=4, rollout_batch_size=8, max_steps=1
+    )
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    completions = list(trainer._logs["completion"])
+    rewards = torch.tensor([sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in completions])
+    letters = sum(sum(ch.isalpha() for ch in t) / max(len(t), 1) for t in completions) / len(completions)
+    assert len(completions) == 8
+    # Reward metrics (TRL's, kept), recomputed from the logged completions.
+    assert logs["reward"] == pytest.approx(rewards.mean().item(), abs=1e-6)
+    assert logs["rewards/component_reward/mean"] == pytest.approx(rewards.mean().item(), abs=1e-6)
+    assert logs["rewards/component_reward/letter_share"] == pytest.approx(letters, abs=1e-6)
+    assert logs["reward_std"] == pytest.approx(rewards.std().item(), abs=1e-6)
+    # Ours: advantage statistics over the whole rollout, consistent with the completions table.
+    advantages = torch.tensor(list(trainer._logs["advantages"]))
+    zero_std_groups = (rewards.view(-1, 4).std(dim=1) == 0).float().mean().item()
+    assert logs["advantages/mean"] == pytest.approx(advantages.mean().item(), abs=1e-6)
+    assert logs["advantages/std"] == pytest.approx(advantages.std().item(), abs=1e-6)
+    assert logs["frac_reward_zero_std"] == pytest.approx(zero_std_groups)
+    assert 0.0 <= logs["clip_ratio/region_mean"] <= 1.0 and logs["entropy"] > 0
+    assert logs["grad_norm"] > 0 and "loss" in logs and logs["completions/mean_length"] > 0
