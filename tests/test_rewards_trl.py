@@ -51,6 +51,9 @@ def test_chat_completions_equal_plain_strings():
     columns = dict(target=[9, 9, 9, 14], nums=[[1, 2, 3]] * 3 + [[4, 5, 6]])
     plain = countdown_reward(COUNTDOWN_TEXTS, **columns)
     assert countdown_reward(chat, **columns) == plain == countdown_reward(blocks, **columns)
+    # tool / user turns and odd values carry no answer
+    odd = [[{"role": "tool", "content": COUNTDOWN_TEXTS[0]}], None]
+    assert countdown_reward(odd, target=[9, 9], nums=[[1, 2, 3]] * 2) == [0.0, 0.0]
 
 
 def test_require_all_variant():

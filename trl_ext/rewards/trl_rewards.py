@@ -18,6 +18,9 @@ from trl_ext.rewards.math import GRADE_TIMEOUT_S, extract_gsm8k_answer, question
 
 __all__ = ["CountdownReward", "MathReward", "completion_text"]
 
+# What TRL passes besides the dataset's columns (left out of "the batch has ..." in error messages).
+_TRL_KWARGS = {"prompts", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
+
 
 def completion_text(completion) -> str:
     """The text of one completion: a string as is; for chat messages, the assistant contents joined."""
@@ -25,8 +28,10 @@ def completion_text(completion) -> str:
         return completion
     if isinstance(completion, Mapping):
         completion = [completion]
+    if not isinstance(completion, list | tuple):
+        return ""
     parts = []
-    for message in completion or ():
+    for message in completion:
         if not isinstance(message, Mapping) or message.get("role", "assistant") != "assistant":
             continue
         content = message.get("content")
@@ -46,9 +51,6 @@ def _column(columns: Mapping, names: tuple[str, ...], n: int, reward_name: str) 
             return values
     present = sorted(key for key in columns if key not in _TRL_KWARGS)
     raise ValueError(f"{reward_name} needs a dataset column named one of {list(names)}; the batch has {present}")
-
-
-_TRL_KWARGS = {"prompts", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
 
 
 def _report(name: str, components: list[dict], log_metric: Callable | None, log_extra: Callable | None) -> None:
