@@ -169,3 +169,29 @@ def test_no_clip_differs_from_clip_exactly_where_ratios_leave_the_band(char_toke
         assert loss_no_clip.item() == pytest.approx(expected_no_clip.item(), rel=1e-4, abs=1e-7)
         differs[b, t] = not torch.isclose(loss_clip, loss_no_clip, rtol=1e-6, atol=1e-9)
     assert torch.equal(differs[mask], clipped[mask])
+
+
+def sometimes_unscorable_reward(completion_ids, **kwargs) -> list[float | None]:
+    """`id_reward`, but None (unscorable) when the token-id sum is divisible by 3."""
+    return [None if sum(ids) % 3 == 0 else float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
+def test_unscorable_completions_match_trl(char_tokenizer, tmp_path, name):
+    ours, stock = _pair(char_tokenizer, tmp_path, name)
+    ours.reward_funcs = stock.reward_funcs = [sometimes_unscorable_reward]
+    inputs = group_inputs(prompts=["abc", "hello", "xyz", "qq"], group_size=4)
+    for seed in range(1, 30):  # find a sampled batch with a group of 2-3 scored and 1-2 unscorable completions
+        out_stock = generate(stock, inputs, seed=seed)
+        ids = zip(out_stock["completion_ids"], out_stock["completion_mask"], strict=True)
+        unscorable = torch.tensor([sum(c[m.bool()].tolist()) % 3 == 0 for c, m in ids])
+        per_group = unscorable.view(-1, 4).sum(dim=1)
+        if ((per_group >= 1) & (per_group <= 2)).any():
+            break
+    else:
+        pytest.fail("no sampling seed produced a partly unscorable group")
+    out_ours = generate(ours, inputs, seed=seed)
+    assert torch.equal(out_ours["completion_ids"], out_stock["completion_ids"])
+    assert (out_ours["advantages"][unscorable] == 0).all()
+    assert out_ours["advantages"][~unscorable].abs().max() > 0.1
+    torch.testing.assert_close(out_ours["advantages"], out_stock["advantages"], atol=1e-6, rtol=1e-6)

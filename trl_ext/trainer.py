@@ -100,23 +100,29 @@ class AblationGRPOTrainer(GRPOTrainer):
 
         Returns:
             `(N,)`: `r` for `no_baseline`, else `objectives.group_normalize(r, ...)`, with `r` the weighted sum over
-            reward functions (as TRL); completions no function could score get advantage 0.
+            reward functions (as TRL); completions no function could score (all None) get advantage 0 and are
+            left out of their group's mean and std, as in TRL.
         """
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # (N,)
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        if unscorable.any():
-            # TRL keeps unscorable completions out of the group baseline; standing them in at their group's mean
-            # of the scored rewards keeps that mean (the std shrinks a little, as with one fewer sample).
-            grouped, missing = rewards.view(-1, group_size), unscorable.view(-1, group_size)
-            fill = torch.nanmean(grouped.masked_fill(missing, torch.nan), dim=1, keepdim=True).nan_to_num(0.0)
-            rewards = torch.where(missing, fill, grouped).view(-1)
         if self.args.pg_loss_type == "no_baseline":
-            advantages = rewards.clone()
-        else:
-            # One completion per group (eval with num_generations_eval=1) has no std; its centred reward is 0 anyway.
-            by_std = self.args.use_std_normalization and group_size > 1
-            advantages = group_normalize(rewards, group_size, self.args.advantage_eps, by_std)
+            return rewards.masked_fill(unscorable, 0.0)
+        # One completion per group (eval with num_generations_eval=1) has no std; its centred reward is 0 anyway.
+        by_std = self.args.use_std_normalization and group_size > 1
+        advantages = group_normalize(rewards, group_size, self.args.advantage_eps, by_std)
+        # As TRL: a completion no reward function could score stays out of its group's mean and std (a group of
+        # its scored members only) and gets advantage 0. Rare, hence the loop over the affected groups only.
+        for group in unscorable.view(-1, group_size).any(dim=1).nonzero().flatten().tolist():
+            members = torch.arange(group * group_size, (group + 1) * group_size, device=rewards.device)
+            scored = members[~unscorable[members]]
+            if scored.numel() > 1:
+                args = self.args
+                advantages[scored] = group_normalize(
+                    rewards[scored], scored.numel(), args.advantage_eps, args.use_std_normalization
+                )
+            else:
+                advantages[scored] = 0.0
         return advantages.masked_fill(unscorable, 0.0)
 
     def _generate_and_score_completions(self, inputs):
