@@ -10,6 +10,8 @@ r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds
 3. otherwise symbolic equivalence through math-verify, run in a persistent child process that is killed and
    restarted when one comparison exceeds its wall-clock limit. This works from any thread (math-verify's own
    timeout uses `signal` and fails outside the main thread) and bounds pathological inputs like `9^{9^{9^9}}`.
+   Results are cached per (gold, prediction). Answers longer than `MAX_ANSWER_CHARS` and predictions with
+   unbalanced braces are wrong without reaching this stage.
 
 Rewards (floats in a dict, as in CS336's `drgrpo_grader`):
 
