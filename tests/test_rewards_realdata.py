@@ -26,8 +26,9 @@ from trl_ext.rewards import (
 )
 from trl_ext.rewards.math import _as_number
 
-# MATH500 problems whose answer equals the next problem's (reviewed by hand: `5` / `x=5`, `7` / `7`, `3` / `3`).
-MATH500_EQUAL_NEIGHBOURS = {22, 186, 403}
+# Problems i whose MATH500 answer equals that of problem i + shift, reviewed by hand: shift 1: `5` / `x=5`,
+# `7` / `7`, `3` / `3`; shift 250: `2` / `2` twice.
+MATH500_EQUAL_PAIRS = {1: {22, 186, 403}, 250: {213, 463}}
 
 
 def _jsonl(*parts: str) -> list[dict]:
@@ -73,16 +74,17 @@ def test_math500_answers_and_rewrites_get_reward_one(math500_answers):
     assert all(question_only_reward_fn(f"so $\\boxed{{{a}}}$.", a)["reward"] == 1.0 for a in math500_answers)
 
 
-def test_math500_neighbour_answers_get_reward_zero(math500_answers):
-    """Answer i+1 graded against answer i: the confusion counts (reported in the issue note)."""
+@pytest.mark.parametrize("shift", sorted(MATH500_EQUAL_PAIRS))
+def test_math500_other_problems_answers_get_reward_zero(math500_answers, shift):
+    """Answer i+shift graded against answer i: the confusion counts (reported in the issue note)."""
     graded_equal = {
         i
         for i, gt in enumerate(math500_answers)
-        if r1_zero_reward_fn(_r1(math500_answers[(i + 1) % 500]), gt)["reward"] == 1.0
+        if r1_zero_reward_fn(_r1(math500_answers[(i + shift) % 500]), gt)["reward"] == 1.0
     }
-    assert graded_equal == MATH500_EQUAL_NEIGHBOURS
-    for i in MATH500_EQUAL_NEIGHBOURS:  # genuinely equal: same canonical string
-        assert normalize_answer(math500_answers[i]) == normalize_answer(math500_answers[i + 1])
+    assert graded_equal == MATH500_EQUAL_PAIRS[shift]
+    for i in graded_equal:  # genuinely equal: same canonical string
+        assert normalize_answer(math500_answers[i]) == normalize_answer(math500_answers[(i + shift) % 500])
 
 
 def test_gsm8k_answers_parse_and_grade():
