@@ -91,7 +91,11 @@ def test_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        # The seeds' sanity checks.
+        # The seeds' sanity checks; the first row is seed 001's inconsistent example (design.md).
+        (
+            dict(group_size=8, rollout_batch_size=16, train_batch_size=64, gradient_accumulation_steps=128),
+            "train_batch_size=64 must be divisible by gradient_accumulation_steps=128",
+        ),
         (
             dict(group_size=2, train_batch_size=6, gradient_accumulation_steps=4),
             "train_batch_size=6 must be divisible",
@@ -182,3 +186,25 @@ def test_trainer_refuses_a_plain_grpo_config_before_loading_the_model(tmp_path):
         AblationGRPOTrainer("no-such-org/no-such-model", reward_funcs=[], args=GRPOConfig(str(tmp_path), **BASE))
     with pytest.raises(ValueError, match="pg_loss_type='ppo' is unknown"):
         AblationGRPOTrainer("no-such-org/no-such-model", reward_funcs=[], args=make(tmp_path, pg_loss_type="ppo"))
+
+
+def test_trainer_rechecks_train_batch_size_against_the_real_world_size(
+    tmp_path, monkeypatch, tiny_model, char_tokenizer
+):
+    from datasets import Dataset
+
+    import trl_ext.config
+    from trl_ext import AblationGRPOTrainer
+
+    monkeypatch.setattr(trl_ext.config, "_world_size", lambda: 2)  # as if WORLD_SIZE=2 when the config was built
+    args = make(tmp_path, group_size=4, train_batch_size=16, rollout_batch_size=16)
+    assert args.per_device_train_batch_size == 8
+    # ... but the trainer runs in 1 process: 8 * 1 * 1 != 16.
+    with pytest.raises(ValueError, match="train_batch_size=16 but per_device_train_batch_size"):
+        AblationGRPOTrainer(
+            tiny_model,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}),
+            processing_class=char_tokenizer,
+        )
