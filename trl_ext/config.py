@@ -53,6 +53,10 @@ class AblationGRPOConfig(GRPOConfig):
         normalize_constant: divisor of `masked_normalize` (default: `max_completion_length`).
         group_size, rollout_batch_size, train_batch_size, epochs_per_rollout_batch: the seeds' batch vocabulary,
             optional, mapped onto TRL's fields.
+
+    `train_batch_size` replaces HF's read-only `TrainingArguments.train_batch_size` property (per-device batch x
+    n_gpu) on this class: here it is the seeds' completions per optimizer step; `AblationGRPOTrainer` resets
+    Trainer's per-device `_train_batch_size` accordingly.
     """
 
     pg_loss_type: str = field(

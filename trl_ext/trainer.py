@@ -150,6 +150,10 @@ class AblationGRPOTrainer(GRPOTrainer):
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
     def _compute_loss(self, model, inputs):
+        """Loss of one micro-batch: `reduce(pg_loss(logp, old_logp, A), mask) / gradient_accumulation_steps`.
+
+        `logp`, `old_logp`, `mask`: `(B, T)` over completion tokens; `A`: `(B, 1)` from `inputs["advantages"]`.
+        """
         args = self.args
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
