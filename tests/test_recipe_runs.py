@@ -6,6 +6,7 @@ and the sizes, so what runs is the shipped recipe chain (objective, optimizer, g
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -61,7 +62,8 @@ def test_countdown_recipe_two_grpo_steps(tmp_path):
     """recipes/countdown.py on recipes/countdown/seed000_drgrpo_l256.yaml, shrunk: 2 GRPO steps on a tiny model."""
     from transformers import AutoModelForCausalLM
 
-    from trl_ext.tasks import make_countdown_problems
+    from trl_ext.rewards import countdown_reward_fn
+    from trl_ext.tasks import compact_prompt, make_countdown_problems
     from trl_ext.tiny import save_tiny_model
 
     model_dir = save_tiny_model(tmp_path / "model", seed=0)
@@ -128,6 +130,13 @@ def test_countdown_recipe_two_grpo_steps(tmp_path):
     assert len(eval_logs) >= 2
     final_eval = json.loads((run_dir / "eval_results.json").read_text())
     assert 0.0 <= final_eval["eval_reward"] <= 1.0
+
+    if importlib.util.find_spec("trl_ext.callbacks") is not None:  # rollout logging wired in (rollout_log_steps 1)
+        rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+        assert {r["step"] for r in rollouts} == {1, 2}
+        by_prompt = {compact_prompt(p["nums"], p["target"]): p for p in problems[:8]}  # the training split
+        for r in rollouts:
+            assert r["rewards"]["countdown_reward"] == countdown_reward_fn(r["completion"], by_prompt[r["prompt"]])
 
     saved = AutoModelForCausalLM.from_pretrained(run_dir)
     init = AutoModelForCausalLM.from_pretrained(model_dir)

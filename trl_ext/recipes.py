@@ -485,15 +485,18 @@ def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
     return kwargs
 
 
-def rollout_callbacks(script_args) -> list:
-    """The rollout-logging callback of `trl_ext.callbacks` when that module provides it."""
-    if not getattr(script_args, "rollout_log_steps", 0):
-        return []
+def add_rollout_logging(trainer, every_n_steps: int):
+    """Attach `trl_ext.callbacks.RolloutSamplesCallback` (example rollouts to `<output_dir>/rollouts.jsonl` every
+    `every_n_steps` steps) when that module is installed; returns the callback or None."""
+    if not every_n_steps:
+        return None
     try:
         from trl_ext.callbacks import RolloutSamplesCallback
     except ImportError:
-        return []
-    return [RolloutSamplesCallback(every_n_steps=script_args.rollout_log_steps)]
+        return None
+    callback = RolloutSamplesCallback(trainer, every_n_steps=every_n_steps)
+    trainer.add_callback(callback)
+    return callback
 
 
 def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset):
@@ -507,7 +510,7 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
     if eval_dataset is None and training_args.eval_strategy != "no":
         logger.warning("no validation split: eval_strategy %r turned off", str(training_args.eval_strategy))
         training_args.eval_strategy = "no"
-    return AblationGRPOTrainer(
+    trainer = AblationGRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -515,8 +518,9 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
-        callbacks=rollout_callbacks(script_args),
     )
+    add_rollout_logging(trainer, script_args.rollout_log_steps)
+    return trainer
 
 
 def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset):
