@@ -353,12 +353,14 @@ def generate_transformers(
     batch_size: int = 64,
     stop: tuple[str, ...] = STOP,
     progress: bool = True,
+    min_new_tokens: int = 0,
 ) -> list[list[Sample]]:
-    """Samples `(P, n)` with `model.generate`: prompts repeated n times, batched `batch_size` sequences at a time,
-    left-padded, with raw per-token log-probs.
+    """Samples `(P, n)` with `model.generate`: `batch_size // n` prompts (at least one) per call, left-padded, each
+    prompt's prefill computed once and its KV cache repeated for the n samples, with raw per-token log-probs.
 
     Only the sampling we ask for is applied (a fresh `GenerationConfig`: no top-k, no repetition penalty from the
     model's defaults), so temperature 1 / top-p 1 samples the model's own distribution as vLLM does.
+    `min_new_tokens` (EOS suppressed before it) is for fixed-length benchmarks.
     """
     import torch
     from tqdm.auto import tqdm
@@ -368,6 +370,7 @@ def generate_transformers(
     greedy = temperature == 0
     gen_config = GenerationConfig(
         max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
         do_sample=not greedy,
         temperature=1.0,
         top_p=1.0,
@@ -377,14 +380,16 @@ def generate_transformers(
         bos_token_id=getattr(tokenizer, "bos_token_id", None),
         stop_strings=list(stop) or None,
     )
-    flat = [(p, j) for p in range(len(prompts)) for j in range(n)]
     result: list[list[Sample]] = [[None] * n for _ in prompts]  # type: ignore[list-item]
     device = next(model.parameters()).device
-    batches = range(0, len(flat), batch_size)
-    for b, start in enumerate(tqdm(batches, desc=f"generate ({len(flat)} samples)", disable=not progress)):
-        chunk = flat[start : start + batch_size]
-        enc = tokenizer([prompts[p] for p, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = {k: v.to(device) for k, v in enc.items()}
+    per_batch = max(1, batch_size // n)  # whole groups: a prompt's n samples share one prefill
+    batches = range(0, len(prompts), per_batch)
+    desc = f"generate ({len(prompts)} prompts x {n})"
+    for b, start in enumerate(tqdm(batches, desc=desc, disable=not progress)):
+        chunk = list(range(start, min(start + per_batch, len(prompts))))
+        enc = tokenizer([prompts[p] for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        cache = _shared_prefill(model, ids, mask, n)
         recorder = _RawLogProbRecorder()
         # The recorder sees the logits before our warpers; TRL / vLLM apply temperature then top-p, so do we.
         processors = [recorder]
@@ -395,16 +400,44 @@ def generate_transformers(
         torch.manual_seed(seed * 1_000_003 + b)
         with torch.no_grad():
             out = model.generate(
-                **enc,
+                input_ids=ids.repeat_interleave(n, dim=0),
+                attention_mask=mask.repeat_interleave(n, dim=0),
+                past_key_values=cache,
                 generation_config=gen_config,
                 logits_processor=LogitsProcessorList(processors),
                 tokenizer=tokenizer,
             )
-        new = out[:, enc["input_ids"].shape[1] :]
-        logprobs = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(chunk), 0)
-        for row, (p, j) in enumerate(chunk):
+        new = out[:, ids.shape[1] :]
+        logprobs = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(out), 0)
+        for row in range(len(out)):
+            p, j = chunk[row // n], row % n
             result[p][j] = Sample(token_ids=new[row].tolist(), logprobs=logprobs[row, : new.shape[1]].tolist())
     return result
+
+
+def _shared_prefill(model, ids, mask, n: int):
+    """KV cache of all prompt tokens but the last `(B * n, ...)`, computed once per prompt and repeated n times.
+
+    `generate` then feeds only each prompt's last token, so n samples of a prompt pay for one prefill instead of n.
+    Positions follow the left padding as `generate` computes them (cumulative sum of the attention mask).
+    Returns None (plain `generate`) for n == 1 or one-token prompts.
+    """
+    import torch
+
+    if n == 1 or ids.shape[1] < 2:
+        return None
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,  # only the cache is needed; full (B, T, V) logits would cost memory and time
+        )
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    return cache
 
 
 # ---------------------------------------------------------------------------------------------------------------
