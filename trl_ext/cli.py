@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import typer
 
+from trl_ext import evaluation, launch, plotting
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="trl_ext: GRPO ablations with verified rewards.")
 
 
-# A callback keeps `trl-ext` a command group even while only one module has registered a command (Typer would
-# otherwise collapse it to that command and read `launch` as its first argument).
+# A callback keeps `trl-ext` a command group whatever the number of commands (Typer would otherwise collapse a
+# single-command app into that command).
 @app.callback()
 def _root() -> None:
     """trl_ext: GRPO ablations with verified rewards."""
 
 
-# Commands are registered by their modules' `register(app)` functions so each module owns its options.
-for _module in ("trl_ext.launch", "trl_ext.evaluation", "trl_ext.plotting"):
-    try:
-        __import__(_module, fromlist=["register"]).register(app)
-    except (ImportError, AttributeError):  # a module not written yet registers nothing
-        pass
+# Each module owns its command's options; their top-level imports are light (torch/trl load inside commands).
+evaluation.register(app)
+plotting.register(app)
+launch.register(app)
 
 
 def main() -> None:
