@@ -16,6 +16,7 @@ from trl_ext.evaluation import (
     evaluate,
     generate_transformers,
     summarize,
+    vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
 
@@ -136,6 +137,7 @@ def test_vllm_sampling_kwargs_are_the_seeds():
         "include_stop_str_in_output": True,
         "logprobs": 0,
     }
+    assert vllm_engine_kwargs(cfg) == {"model": "m", "seed": 5, "dtype": "auto"}
 
 
 @pytest.mark.parametrize(

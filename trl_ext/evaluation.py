@@ -270,8 +270,9 @@ def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def vllm_engine_kwargs(cfg: EvalConfig) -> dict[str, Any]:
-    """The `vllm.LLM(**kwargs)` the vLLM backend builds (pure)."""
-    return {"model": cfg.model, "seed": cfg.seed, "dtype": "bfloat16" if cfg.dtype == "float32" else cfg.dtype}
+    """The `vllm.LLM(**kwargs)` the vLLM backend builds (pure). The float32 default is the CPU backend's; on a GPU
+    vLLM picks the checkpoint's dtype (`auto`) unless another dtype was asked for."""
+    return {"model": cfg.model, "seed": cfg.seed, "dtype": "auto" if cfg.dtype == "float32" else cfg.dtype}
 
 
 def generate_vllm(cfg: EvalConfig, prompts: list[str]) -> list[list[Sample]]:
