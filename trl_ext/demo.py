@@ -71,7 +71,7 @@ class DemoConfig:
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem at temperature 1."})
     curve_every: int = field(default=100, metadata={"help": "Held-out greedy accuracy every N SFT / GRPO steps."})
     # SFT warm start
-    sft_steps: int = field(default=600, metadata={"help": "SFT optimizer steps."})
+    sft_steps: int = field(default=300, metadata={"help": "SFT optimizer steps."})
     sft_batch_size: int = field(default=128, metadata={"help": "SFT examples per step."})
     sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT peak learning rate (linear decay)."})
     sft_warmup_steps: int = field(default=20, metadata={"help": "SFT linear warmup steps."})
