@@ -1,4 +1,4 @@
-"""The embedded default: a tiny model learns Countdown with GRPO on a laptop CPU, offline, in under ten minutes.
+"""The embedded default: a tiny model learns Countdown with GRPO on a laptop CPU, offline, sized for ten minutes.
 
 `make run` (and `accelerate launch recipes/countdown.py` with no `--config`) lands here. One process, no hub, no GPU:
 
@@ -17,6 +17,9 @@ How it departs from the seed experiments: a compact prompt without reasoning (th
 in text), an SFT warm start instead of a pretrained model, and all numbers must be used (as in TinyZero), which is
 how the problems are generated. The run folder gets `metrics.json`, `curve.png`, the wandb offline run and the
 final model; the last line printed is the command for the real GPU experiment.
+
+What it shows (README, measured on 2 seeds): GRPO sharpens the SFT policy (sampled accuracy climbs toward greedy,
+greedy gains 5-7 points); an SFT-only control given GRPO's CPU time reaches higher accuracy still.
 """
 
 from __future__ import annotations
