@@ -92,7 +92,10 @@ class DemoConfig:
 def parse_args(argv: list[str] | None = None) -> DemoConfig:
     """`DemoConfig` from command-line flags (`--grpo_steps 50`, `--no-wandb`, ...)."""
     parser = argparse.ArgumentParser(
-        prog="python -m trl_ext.demo", description=__doc__.split("\n")[0], allow_abbrev=False
+        prog="python -m trl_ext.demo",
+        description=__doc__.split("\n")[0],
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for f in fields(DemoConfig):
         if f.type == "bool":
@@ -537,7 +540,8 @@ def main(argv: list[str] | None = None) -> dict:
     t = mark("sft", t)
 
     before = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
-    print(f"[demo] after SFT ({cfg.sft_steps} steps), before GRPO: {_fmt(before)}", flush=True)
+    start = cfg.init_model or f"SFT ({sft_steps_done} steps)"
+    print(f"[demo] after {start}, before GRPO: {_fmt(before)}", flush=True)
     t = mark("eval_before", t)
 
     grpo_log: list[dict] = []
