@@ -29,7 +29,7 @@ run: install
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py
 
 test: install assets
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
 		$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
 
 lint: install
