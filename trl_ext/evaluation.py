@@ -129,10 +129,6 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     return values
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# rewards and categories
-
-
 def reward_name_for(task: str, prompt: str | None, reward: str | None = None) -> str:
     """The reward that scores `task` with `prompt`: Countdown's for Countdown; for GSM8K / MATH `r1_zero` (answer in
     `<answer>` tags) with the `r1_zero` prompt and `question_only` (last `\\boxed{}`) with the others."""
@@ -166,10 +162,6 @@ def ground_truth_of(task: str, row: dict) -> Any:
     if task == "countdown":
         return {"numbers": list(row["nums"]), "target": int(row["target"])}
     return row["ground_truth"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# samples: token ids + per-token log-probs, cut to a budget
 
 
 @dataclass
@@ -234,10 +226,6 @@ def cut_sample(
             "finish_reason": reason if end <= budget else "length",
         }
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# backends
 
 
 def resolve_backend(backend: str) -> str:
@@ -441,10 +429,6 @@ def _shared_prefill(model, ids, mask, n: int):
     return cache
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# summaries
-
-
 def summarize(records: list[dict], n: int, ns: tuple[int, ...] = (1, 4, 8, 16), num_examples: int = 3) -> dict:
     """Summary of one budget's scored records (one per sample, problem-major, `n` per problem).
 
@@ -482,10 +466,6 @@ def summarize(records: list[dict], n: int, ns: tuple[int, ...] = (1, 4, 8, 16), 
         "mean_response_tokens": sum(r["num_tokens"] for r in records) / total,
         "finish_reasons": finish,
     }
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the whole run
 
 
 def load_problems(cfg: EvalConfig) -> tuple[list[str] | list[list[dict]], list[dict]]:
