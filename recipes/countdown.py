@@ -19,14 +19,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
-from trl_ext.recipes import (
-    adapt_generation_kwargs,
-    build_grpo_trainer,
-    load_grpo_datasets,
-    parse_recipe_args,
-    train_save_evaluate,
-)
-from trl_ext.rewards import get_reward_funcs
+from trl_ext.recipes import run_grpo_recipe
 
 TASK = "countdown"
 
@@ -37,13 +30,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         from trl_ext.demo import main as demo_main
 
         return demo_main(argv)
-    script_args, training_args, model_args = parse_recipe_args(TASK, argv)
-    adapt_generation_kwargs(training_args)
-    # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
-    train_dataset, eval_dataset = load_grpo_datasets(TASK, script_args, training_args)
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
-    trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
-    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
+    return run_grpo_recipe(TASK, argv)
 
 
 if __name__ == "__main__":

@@ -572,3 +572,16 @@ def train_save_evaluate(trainer, training_args, script_args, dataset_name: str |
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
         trainer.end()
     return metrics
+
+
+def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, float]:
+    """A GRPO recipe end to end: parse -> task data -> rewards -> AblationGRPOTrainer -> train, save, validate."""
+    from trl_ext.rewards import get_reward_funcs
+
+    script_args, training_args, model_args = parse_recipe_args(task, argv)
+    adapt_generation_kwargs(training_args)
+    # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
+    train_dataset, eval_dataset = load_grpo_datasets(task, script_args, training_args)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
+    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
