@@ -114,6 +114,24 @@ def test_written_metrics_match_the_saved_models(reduced_run):
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))  # the wandb offline run
 
 
+def test_sft_rows_cycle_the_problems_with_valid_solutions():
+    from trl_ext.rewards import countdown_reward_fn
+    from trl_ext.tasks import compact_prompt, countdown_solutions
+
+    train, _ = demo.make_splits(demo.parse_args(["--num_train_problems", "50", "--num_eval_problems", "8"]))
+    rows = demo.sft_dataset(train, 230, all_solutions=True, seed=0)
+    assert len(rows) == 230  # 4 full passes over the 50 problems, then the first 30
+    assert rows["prompt"][:50] == rows["prompt"][50:100] == [compact_prompt(p["nums"], p["target"]) for p in train]
+    for i, row in enumerate(rows):
+        problem = train[i % 50]
+        assert countdown_reward_fn(row["completion"], problem, require_all=True) == 1.0, row
+    # Problems with several solutions get different ones in different passes; the solver's single one otherwise.
+    several = [i for i, p in enumerate(train) if len(countdown_solutions(p["nums"], p["target"])) >= 4]
+    assert several and any(len({rows["completion"][i + 50 * k] for k in range(4)}) > 1 for i in several)
+    single = demo.sft_dataset(train, 100, all_solutions=False, seed=0)
+    assert single["completion"] == [f"<answer>{p['solution']}</answer>" for p in train] * 2
+
+
 def test_paired_sign_test_by_hand():
     # lost 1, gained 3: p = 2 * (C(4,0) + C(4,1)) / 2**4 = 0.625
     r = demo.paired_sign_test([1, 0, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1])
@@ -129,6 +147,9 @@ def test_paired_sign_test_by_hand():
         (["--num_generations", "1", "--grpo_batch_size", "8"], "--num_generations"),
         (["--num_eval_problems", "0"], "--num_eval_problems"),
         (["--sft_steps", "-1"], "--sft_steps"),
+        (["--grpo_batch_size", "64", "--rollout_batch_size", "96"], "--rollout_batch_size"),
+        (["--epochs_per_rollout", "0"], "--epochs_per_rollout"),
+        (["--grpo_warmup_steps", "-5"], "--grpo_warmup_steps"),
     ],
 )
 def test_bad_sizes_fail_before_any_model(argv, field):

@@ -15,6 +15,7 @@ from trl_ext.tasks import (
     compact_completion,
     compact_prompt,
     countdown_key,
+    countdown_solutions,
     make_countdown_demo_splits,
     make_countdown_problems,
     solve_countdown,
@@ -225,3 +226,51 @@ def test_compact_format_and_demo_splits():
     # The held-out set is fixed by the seed, whatever the training size.
     _, held_out_again = make_countdown_demo_splits(10, 100, seed=0)
     assert held_out_again["prompt"] == held_out["prompt"]
+
+
+@pytest.mark.parametrize(
+    "nums, target, expected",
+    [
+        ([2, 3], 6, ["2*3", "3*2"]),
+        ([4, 2], 2, ["4-2", "4/2"]),
+        ([3, 4], 1, ["4-3"]),  # 3/4 and 4/3 are not integers; 3-4 is -1
+        ([14, 1, 10], 5, ["1+14-10", "1-(10-14)", "1-10+14", "14+1-10", "14-(10-1)", "14-10+1"]),
+        ([2, 3], 7, []),
+    ],
+)
+def test_countdown_solutions_hand_cases(nums, target, expected):
+    assert countdown_solutions(nums, target) == expected
+
+
+def _integer_values_by_plain_recursion(nums: tuple[int, ...]) -> set[int]:
+    """Values reachable with all of `nums`, every intermediate an integer: combine any ordered pair, recurse."""
+    if len(nums) == 1:
+        return {nums[0]}
+    out = set()
+    for i, j in itertools.permutations(range(len(nums)), 2):
+        a, b = nums[i], nums[j]
+        rest = tuple(x for k, x in enumerate(nums) if k not in (i, j))
+        for value in [a + b, a - b, a * b] + ([a // b] if b and a % b == 0 else []):
+            out |= _integer_values_by_plain_recursion((*rest, value))
+    return out
+
+
+def test_countdown_solutions_are_exact_complete_and_include_the_generators_solution():
+    rng = random.Random(3)
+    for _ in range(60):
+        nums = [rng.randint(1, 20) for _ in range(3)]
+        reachable = _integer_values_by_plain_recursion(tuple(nums))
+        for target in range(-5, 120):
+            solutions = countdown_solutions(nums, target)
+            assert bool(solutions) == (target in reachable), (nums, target)
+            assert len(set(solutions)) == len(solutions)
+            for solution in solutions:
+                value, used = exact_value(solution)
+                assert value == target and sorted(used) == sorted(nums), (nums, target, solution)
+    for problem in make_countdown_problems(300, seed=5):
+        assert problem["solution"] in countdown_solutions(problem["nums"], problem["target"]), problem
+
+
+def test_countdown_solutions_rejects_sizes_it_cannot_enumerate():
+    with pytest.raises(ValueError, match="1 to 5 numbers, got 6"):
+        countdown_solutions([1, 2, 3, 4, 5, 6], 10)

@@ -4,8 +4,10 @@
 
 1. build: a character-level tokenizer and a ~0.6M-parameter Qwen3-architecture model from a config (`trl_ext.tiny`);
 2. SFT warm start: TRL's `SFTTrainer` on prompt-completion pairs from the Countdown solver,
-   `"[14, 1, 10] -> 5 :"` -> `"<answer>14-(10-1)</answer>"`, loss on the completion only. A random model never
-   closes an answer tag, so GRPO alone would only ever see reward 0 (zero advantage, no gradient);
+   `"[14, 1, 10] -> 5 :"` -> `"<answer>14-(10-1)</answer>"`, loss on the completion only, each pass over the problems
+   drawing one of all their solutions (`countdown_solutions`: `14-10+1`, `1-(10-14)`, ...). A random model never
+   closes an answer tag, so GRPO alone would only ever see reward 0 (zero advantage, no gradient); and a policy
+   that knows several ways to answer explores where a single canonical form would not;
 3. GRPO: `AblationGRPOTrainer` with GRPO's three choices (std-normalised group advantages, clipped surrogate,
    per-sequence masked mean; https://arxiv.org/abs/2402.03300) on the Countdown reward (1.0 correct, 0.1 tagged
    but wrong, 0.0 untagged), which is also the evaluation metric;
@@ -78,13 +80,24 @@ class DemoConfig:
     sft_batch_size: int = field(default=128, metadata={"help": "SFT examples per step."})
     sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT peak learning rate (linear decay)."})
     sft_warmup_steps: int = field(default=20, metadata={"help": "SFT linear warmup steps."})
+    sft_all_solutions: bool = field(
+        default=True,
+        metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
+    )
     # GRPO
     grpo_steps: int = field(default=900, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
-    grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO step."})
+    grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO optimizer step."})
+    rollout_batch_size: int = field(
+        default=0, metadata={"help": "Completions per rollout (a multiple of --grpo_batch_size); 0 = grpo_batch_size."}
+    )
+    epochs_per_rollout: int = field(
+        default=1, metadata={"help": "Passes over each rollout batch (> 1 is off-policy: the clip matters)."}
+    )
     num_generations: int = field(default=8, metadata={"help": "Completions per prompt (group size)."})
     max_completion_length: int = field(default=24, metadata={"help": "Longest completion in tokens."})
     learning_rate: float = field(default=2e-4, metadata={"help": "GRPO peak learning rate."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "GRPO learning-rate schedule."})
+    grpo_warmup_steps: int = field(default=0, metadata={"help": "GRPO linear warmup steps."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range of the GRPO surrogate."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of GRPO rollouts."})
 
@@ -123,11 +136,12 @@ def _check(cfg: DemoConfig) -> None:
         "num_layers",
         "num_heads",
         "num_kv_heads",
+        "epochs_per_rollout",
     ]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(cfg, name)}")
-    for name in ["sft_steps", "grpo_steps", "eval_samples", "curve_every", "threads"]:
+    for name in ["sft_steps", "grpo_steps", "grpo_warmup_steps", "eval_samples", "curve_every", "threads"]:
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.num_generations < 2:
@@ -136,6 +150,11 @@ def _check(cfg: DemoConfig) -> None:
         raise ValueError(
             f"--grpo_batch_size ({cfg.grpo_batch_size}) must be a multiple of "
             f"--num_generations ({cfg.num_generations})"
+        )
+    if cfg.rollout_batch_size < 0 or cfg.rollout_batch_size % cfg.grpo_batch_size:
+        raise ValueError(
+            f"--rollout_batch_size ({cfg.rollout_batch_size}) must be 0 or a multiple of "
+            f"--grpo_batch_size ({cfg.grpo_batch_size})"
         )
     if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
         raise ValueError("--hidden_size must be divisible by --num_heads, and --num_heads by --num_kv_heads")
@@ -159,18 +178,23 @@ def make_splits(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
     return train, held_out
 
 
-def sft_dataset(problems: list[dict]):
-    """Prompt-completion rows for `SFTTrainer`; the completion is the solver's expression in answer tags."""
+def sft_dataset(problems: list[dict], num_rows: int, all_solutions: bool, seed: int):
+    """`num_rows` prompt-completion rows for `SFTTrainer`, cycling through `problems` in passes.
+
+    The completion is a solution in answer tags: with `all_solutions`, one drawn afresh in every pass from all the
+    integer-intermediate expressions that use every number (`countdown_solutions`), otherwise the solver's one.
+    """
     from datasets import Dataset
 
-    from trl_ext.tasks import compact_completion, compact_prompt
+    from trl_ext.tasks import compact_completion, compact_prompt, countdown_solutions
 
-    return Dataset.from_list(
-        [
-            {"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(p["solution"])}
-            for p in problems
-        ]
-    )
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < num_rows:
+        for p in problems[: num_rows - len(rows)]:
+            solution = rng.choice(countdown_solutions(p["nums"], p["target"])) if all_solutions else p["solution"]
+            rows.append({"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(solution)})
+    return Dataset.from_list(rows)
 
 
 def grpo_dataset(problems: list[dict]):
@@ -348,7 +372,7 @@ def run_sft(
     trainer = SFTTrainer(
         model=model,
         args=args,
-        train_dataset=sft_dataset(train),
+        train_dataset=sft_dataset(train, max(cfg.sft_steps * cfg.sft_batch_size, 1), cfg.sft_all_solutions, cfg.seed),
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, "sft", held_out, tokenizer, curve, wandb_run),
     )
@@ -378,12 +402,12 @@ def run_grpo(
 
     args = AblationGRPOConfig(
         **_common_training_args(cfg, out, report_to),
-        # On-policy in the seeds' vocabulary: rollout batch = train batch = grpo_batch_size completions, one epoch,
-        # so every step generates grpo_batch_size / group_size prompts x group_size completions.
+        # The seeds' vocabulary; by default on-policy: rollout batch = train batch = grpo_batch_size completions,
+        # one epoch, so every step generates grpo_batch_size / group_size prompts x group_size completions.
         group_size=cfg.num_generations,
-        rollout_batch_size=cfg.grpo_batch_size,
+        rollout_batch_size=cfg.rollout_batch_size or cfg.grpo_batch_size,
         train_batch_size=cfg.grpo_batch_size,
-        epochs_per_rollout_batch=1,
+        epochs_per_rollout_batch=cfg.epochs_per_rollout,
         pg_loss_type="grpo_clip",
         use_std_normalization=True,
         length_normalization="masked_mean",
@@ -391,7 +415,7 @@ def run_grpo(
         max_completion_length=cfg.max_completion_length,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=0,
+        warmup_steps=cfg.grpo_warmup_steps,
         adam_beta2=0.99,
         beta=0.0,
         epsilon=cfg.epsilon,

@@ -147,16 +147,18 @@ def _render(table: list[dict | None], nums: Sequence[int], mask: int, value: Num
         x = nums[mask.bit_length() - 1]
         return (str(x) if x >= 0 else f"({x})"), _ATOM
     op, mask_a, a, mask_b, b = recipe
-    left, left_prec = _render(table, nums, mask_a, a)
-    right, right_prec = _render(table, nums, mask_b, b)
+    return _join(_render(table, nums, mask_a, a), op, _render(table, nums, mask_b, b))
+
+
+def _join(left: tuple[str, int], op: str, right: tuple[str, int]) -> tuple[str, int]:
+    """`left op right` with minimal parentheses, from (text, precedence) pairs."""
+    (left_text, left_prec), (right_text, right_prec) = left, right
     # a+(b-c) == a+b-c, but a-(b+c), a*(b+c), a/(b*c) need their parentheses.
-    need_left = _ADD if op in "+-" else _MUL
-    need_right = {"+": _ADD, "-": _MUL, "*": _MUL, "/": _ATOM}[op]
-    if left_prec < need_left:
-        left = f"({left})"
-    if right_prec < need_right:
-        right = f"({right})"
-    return f"{left}{op}{right}", (_ADD if op in "+-" else _MUL)
+    if left_prec < (_ADD if op in "+-" else _MUL):
+        left_text = f"({left_text})"
+    if right_prec < {"+": _ADD, "-": _MUL, "*": _MUL, "/": _ATOM}[op]:
+        right_text = f"({right_text})"
+    return f"{left_text}{op}{right_text}", (_ADD if op in "+-" else _MUL)
 
 
 def _partners(a: Number, target: int) -> list[tuple[Number | None, str, bool]]:
@@ -229,6 +231,47 @@ def solve_countdown(nums: Sequence[int], target: int) -> str | None:
         if mask != full and target in table[mask]:
             return _render(table, nums, mask, target)[0]
     return None
+
+
+def countdown_solutions(nums: Sequence[int], target: int) -> list[str]:
+    """Every distinct expression that uses ALL of `nums` once each, keeps every intermediate an integer (exact
+    division, no division by zero) and equals `target`, sorted; [] when there is none.
+
+    Operand order counts (`2+3` and `3+2` are both listed) and parentheses are minimal, as in `solve_countdown`.
+    Enumeration is exhaustive over expression trees: 192 for 3 numbers, 9,216 for 4; meant for small problems (the
+    CPU demo draws its SFT targets from these, so the warm-started policy has more than one way to answer).
+    """
+    nums = tuple(sorted(as_int(x, "nums") for x in nums))
+    target = as_int(target, "target")
+    if not 1 <= len(nums) <= 5:
+        raise ValueError(f"countdown_solutions enumerates 1 to 5 numbers, got {len(nums)}")
+    return sorted(_all_expressions(nums).get(target, ()))
+
+
+@lru_cache(maxsize=4096)
+def _all_expressions(nums: tuple[int, ...]) -> dict[int, frozenset[str]]:
+    """value -> expressions over all of `nums` (integer intermediates only), by combining two items at a time."""
+    found: dict[int, set[str]] = {}
+
+    def combine(items: tuple[tuple[int, str, int], ...]) -> None:
+        if len(items) == 1:
+            value, text, _ = items[0]
+            found.setdefault(value, set()).add(text)
+            return
+        for i, (a, a_text, a_prec) in enumerate(items):
+            for j, (b, b_text, b_prec) in enumerate(items):
+                if i == j:
+                    continue
+                rest = tuple(item for k, item in enumerate(items) if k not in (i, j))
+                for op in "+-*/":
+                    if op == "/" and (b == 0 or a % b):
+                        continue
+                    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+                    text, prec = _join((a_text, a_prec), op, (b_text, b_prec))
+                    combine(rest + ((value, text, prec),))
+
+    combine(tuple((x, str(x) if x >= 0 else f"({x})", _ATOM) for x in nums))
+    return {value: frozenset(texts) for value, texts in found.items()}
 
 
 @lru_cache(maxsize=8192)
