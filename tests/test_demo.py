@@ -16,6 +16,7 @@ SMALL = [
     "--sft_steps", "150", "--sft_batch_size", "64", "--sft_learning_rate", "5e-3",
     "--grpo_steps", "4", "--grpo_batch_size", "32", "--num_generations", "4", "--max_completion_length", "16",
     "--curve_every", "50", "--threads", "1", "--seed", "0",
+    "--no-sft_all_solutions",  # one form per problem is learnt in fewer steps than many
 ]  # fmt: skip
 
 
@@ -128,8 +129,8 @@ def test_sft_rows_cycle_the_problems_with_valid_solutions():
     # Problems with several solutions get different ones in different passes; the solver's single one otherwise.
     several = [i for i, p in enumerate(train) if len(countdown_solutions(p["nums"], p["target"])) >= 4]
     assert several and any(len({rows["completion"][i + 50 * k] for k in range(4)}) > 1 for i in several)
-    single = demo.sft_dataset(train, 100, all_solutions=False, seed=0)
-    assert single["completion"] == [f"<answer>{p['solution']}</answer>" for p in train] * 2
+    single = demo.sft_dataset(train, 230, all_solutions=False, seed=0)
+    assert single["completion"] == [f"<answer>{p['solution']}</answer>" for p in train]
 
 
 def test_paired_sign_test_by_hand():
