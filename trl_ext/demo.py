@@ -190,14 +190,17 @@ def sft_dataset(problems: list[dict], num_rows: int, all_solutions: bool, seed: 
 
     from trl_ext.tasks import compact_completion, compact_prompt, countdown_solutions
 
+    def row(p: dict, solution: str) -> dict:
+        return {"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(solution)}
+
+    if not all_solutions:
+        return Dataset.from_list([row(p, p["solution"]) for p in problems])
     rng = random.Random(seed)
     rows = []
-    if not all_solutions:
-        num_rows = len(problems)
     while len(rows) < num_rows:
-        for p in problems[: num_rows - len(rows)]:
-            solution = rng.choice(countdown_solutions(p["nums"], p["target"])) if all_solutions else p["solution"]
-            rows.append({"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(solution)})
+        rows += [
+            row(p, rng.choice(countdown_solutions(p["nums"], p["target"]))) for p in problems[: num_rows - len(rows)]
+        ]
     return Dataset.from_list(rows)
 
 
@@ -376,7 +379,7 @@ def run_sft(
     trainer = SFTTrainer(
         model=model,
         args=args,
-        train_dataset=sft_dataset(train, max(cfg.sft_steps * cfg.sft_batch_size, 1), cfg.sft_all_solutions, cfg.seed),
+        train_dataset=sft_dataset(train, cfg.sft_steps * cfg.sft_batch_size, cfg.sft_all_solutions, cfg.seed),
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, "sft", held_out, tokenizer, curve, wandb_run),
     )

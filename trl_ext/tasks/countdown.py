@@ -144,10 +144,14 @@ def _subset_tables(nums: Sequence[int], with_full: bool, integer_only: bool = Fa
 def _render(table: list[dict | None], nums: Sequence[int], mask: int, value: Number) -> tuple[str, int]:
     recipe = table[mask][value][1]
     if recipe is None:
-        x = nums[mask.bit_length() - 1]
-        return (str(x) if x >= 0 else f"({x})"), _ATOM
+        return _leaf(nums[mask.bit_length() - 1])
     op, mask_a, a, mask_b, b = recipe
     return _join(_render(table, nums, mask_a, a), op, _render(table, nums, mask_b, b))
+
+
+def _leaf(x: int) -> tuple[str, int]:
+    """A number as (text, precedence); a negative one in parentheses."""
+    return (str(x) if x >= 0 else f"({x})"), _ATOM
 
 
 def _join(left: tuple[str, int], op: str, right: tuple[str, int]) -> tuple[str, int]:
@@ -263,14 +267,12 @@ def _all_expressions(nums: tuple[int, ...]) -> dict[int, frozenset[str]]:
                 if i == j:
                     continue
                 rest = tuple(item for k, item in enumerate(items) if k not in (i, j))
-                for op in "+-*/":
-                    if op == "/" and (b == 0 or a % b):
-                        continue
-                    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+                exact_division = (("/", a // b),) if b and a % b == 0 else ()
+                for op, value in (("+", a + b), ("-", a - b), ("*", a * b), *exact_division):
                     text, prec = _join((a_text, a_prec), op, (b_text, b_prec))
                     combine(rest + ((value, text, prec),))
 
-    combine(tuple((x, str(x) if x >= 0 else f"({x})", _ATOM) for x in nums))
+    combine(tuple((x, *_leaf(x)) for x in nums))
     return {value: frozenset(texts) for value, texts in found.items()}
 
 
