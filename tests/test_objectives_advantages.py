@@ -37,12 +37,17 @@ def test_group_normalize_by_hand():
     assert torch.equal(group_normalize(rewards, 4, 1e-6, False), expected_mean)
 
 
-def test_all_equal_group_gives_finite_zero_advantages():
-    rewards = torch.full((6,), 0.7)
+@pytest.mark.parametrize("value,group_size", [(0.7, 3), (0.1, 8), (0.3, 8), (1.1, 16)])
+def test_all_equal_group_gives_exactly_zero_advantages(value, group_size):
+    # Eight float32 0.1s (Countdown's format-only reward) average to 0.1 - 7.5e-9: without the tie check the
+    # std-normalised advantage would be -7.5e-9 / 1e-6 = -0.0074 for every member of an all-wrong group.
+    rewards = torch.full((2 * group_size,), value)  # float32, as the trainer's rewards
+    rewards[group_size] = 0.0  # the second group is not tied
     for by_std in (True, False):
-        adv = group_normalize(rewards, 3, 1e-6, by_std)
+        adv = group_normalize(rewards, group_size, 1e-6, by_std)
         assert torch.isfinite(adv).all()
-        assert torch.equal(adv, torch.zeros(6))
+        assert torch.equal(adv[:group_size], torch.zeros(group_size))
+        assert adv[group_size] < 0 and adv[group_size + 1] > 0
 
 
 @pytest.mark.parametrize("by_std", [True, False])

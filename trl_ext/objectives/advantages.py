@@ -43,7 +43,7 @@ def group_normalize(
     Args:
         rewards: `(N,)` one reward per completion, groups contiguous; N must be a multiple of `group_size`.
         group_size: completions per prompt (TRL's `num_generations`).
-        advantage_eps: added to the std so an all-equal group gives 0 instead of 0/0.
+        advantage_eps: added to the std so an all-equal group gives 0 instead of 0/0 (exactly 0: see below).
         normalize_by_std: divide by the group std (GRPO) or not (Dr.GRPO).
 
     Returns:
@@ -55,7 +55,10 @@ def group_normalize(
     if normalize_by_std and group_size < 2:
         raise ValueError("normalize_by_std needs group_size >= 2 (the unbiased std of one sample is undefined)")
     grouped = rewards.view(-1, group_size)  # (N / G, G)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    # An all-equal group has advantage exactly 0. Its float mean can miss the common value by an ulp (eight 0.1s
+    # in float32: 7.5e-9), which 1 / (std + 1e-6) would blow up to A = -0.0074 for every member.
+    tied = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).masked_fill(tied, 0.0)
     if normalize_by_std:
         centred = centred / (grouped.std(dim=1, keepdim=True) + advantage_eps)
     return centred.reshape(-1)
