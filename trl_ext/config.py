@@ -53,6 +53,8 @@ class AblationGRPOConfig(GRPOConfig):
         normalize_constant: divisor of `masked_normalize` (default: `max_completion_length`).
         group_size, rollout_batch_size, train_batch_size, epochs_per_rollout_batch: the seeds' batch vocabulary,
             optional, mapped onto TRL's fields.
+        skip_zero_advantage_completions: leave completions with advantage exactly 0 out of the loss's forward and
+            backward (same loss and gradient, less compute; see `AblationGRPOTrainer`).
 
     `train_batch_size` replaces HF's read-only `TrainingArguments.train_batch_size` property (per-device batch x
     n_gpu) on this class: here it is the seeds' completions per optimizer step; `AblationGRPOTrainer` resets
@@ -106,6 +108,16 @@ class AblationGRPOConfig(GRPOConfig):
     epochs_per_rollout_batch: int | None = field(
         default=None,
         metadata={"help": "Seed name for passes over each rollout batch; sets num_iterations."},
+    )
+    skip_zero_advantage_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave completions whose advantage is exactly 0 (every member of a group whose rewards are all "
+            "equal, under a baseline) out of the loss's forward and backward. They add exactly 0 to the loss and "
+            "its gradient, so both are unchanged and a step saves about that share of the training compute; "
+            "`entropy` and `clip_ratio/*` are then logged over the trained completions only. Has no effect with a "
+            "MoE router aux loss or multimodal inputs."
+        },
     )
 
     def __post_init__(self):

@@ -32,6 +32,51 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+# Per-completion-token `(B, T)` entries of TRL's batch (`(B, 1)` for sequence-level ratios).
+_TOKEN_KEYS = (
+    "completion_ids",
+    "completion_mask",
+    "tool_mask",
+    "old_per_token_logps",
+    "importance_sampling_ratio",
+    "sampling_per_token_logps",
+    "ref_per_token_logps",
+)
+
+
+def drop_zero_advantage_rows(inputs: dict) -> tuple[dict, float]:
+    """The completions of a TRL batch whose advantage is not 0, and the kept share of the batch.
+
+    A completion with `A = 0` adds exactly 0 to every policy-gradient loss here (`-A * logp`,
+    `-min(rho * A, clip(rho) * A)`, times any importance ratio) and to its gradient, and every reduction is a mean
+    over completions; so `kept_share * mean over kept completions` is the full batch's loss, with its gradient.
+
+    Args:
+        inputs: a batch as `_generate_and_score_completions` returns it; `advantages` `(B,)` or `(B, 1)`.
+
+    Returns:
+        `(batch, kept_share)`: the rows with `A != 0` of every per-completion entry, completion columns cut after
+        the kept rows' last completion token (prompt columns kept: left padding sets the positions); `kept_share =
+        kept / B`. `(inputs, 1.0)` when every row counts or the batch holds multimodal entries. When no row
+        counts, row 0 stays (its loss is 0), so the forward, the backward and distributed collectives still run.
+    """
+    advantages = inputs["advantages"]
+    n = advantages.size(0)
+    keep = advantages.reshape(n, -1).ne(0).any(dim=1)  # (B,)
+    if keep.all() or any(inputs.get(key) is not None for key in _FORWARD_KEYS):
+        return inputs, 1.0
+    if not keep.any():
+        keep[0] = True
+    rows = keep.nonzero().squeeze(1)
+    columns = inputs["completion_mask"][rows].any(dim=0).nonzero()
+    width = int(columns[-1]) + 1 if columns.numel() else 1
+    batch = dict(inputs)
+    batch["advantages"] = advantages[rows]
+    batch["prompt_ids"], batch["prompt_mask"] = inputs["prompt_ids"][rows], inputs["prompt_mask"][rows]
+    for key in _TOKEN_KEYS:
+        if inputs.get(key) is not None:
+            batch[key] = inputs[key][rows, :width]
+    return batch, rows.numel() / n
 
 
 class AblationGRPOTrainer(GRPOTrainer):
@@ -46,7 +91,8 @@ class AblationGRPOTrainer(GRPOTrainer):
     - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with ours (this
       process's slice of the global advantages, sliced as TRL does) and the advantages TRL just appended to the
       completions table; logs `advantages/mean` and `advantages/std`.
-    - `_compute_loss`: TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), old log-probs from
+    - `_compute_loss`: with `skip_zero_advantage_completions`, first drops the completions whose advantage is 0
+      (`drop_zero_advantage_rows`: same loss and gradient); then TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), old log-probs from
       the batch when TRL computed them (off-policy) else the detached current ones, then
       `objectives.compute_policy_gradient_loss` and `objectives.reduce_loss`, divided by the gradient accumulation
       steps in training (TRL turns HF's automatic scaling off). Logs `entropy` and, for `grpo_clip`, TRL's
@@ -155,6 +201,9 @@ class AblationGRPOTrainer(GRPOTrainer):
         `logp`, `old_logp`, `mask`: `(B, T)` over completion tokens; `A`: `(B, 1)` from `inputs["advantages"]`.
         """
         args = self.args
+        kept_share = 1.0
+        if args.skip_zero_advantage_completions and not self.aux_loss_enabled:
+            inputs, kept_share = drop_zero_advantage_rows(inputs)
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
@@ -188,7 +237,7 @@ class AblationGRPOTrainer(GRPOTrainer):
         )
         if "importance_sampling_ratio" in inputs:  # vLLM sampler vs trainer mismatch, corrected as TRL does
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-        loss = reduce_loss(per_token_loss, mask, args.length_normalization, args.normalize_constant)
+        loss = reduce_loss(per_token_loss, mask, args.length_normalization, args.normalize_constant) * kept_share
 
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
