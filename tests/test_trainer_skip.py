@@ -129,7 +129,8 @@ def test_drop_zero_advantage_rows_by_hand():
 
 def even_prompts_tie_reward(prompts, completion_ids, **kwargs) -> list[float]:
     """0 for every completion of an even-length prompt (a zero-std group), `id_reward`'s spread otherwise."""
-    return [0.0 if len(p) % 2 == 0 else float(sum(ids) % 5) / 4 for p, ids in zip(prompts, completion_ids)]
+    pairs = zip(prompts, completion_ids, strict=True)
+    return [0.0 if len(p) % 2 == 0 else float(sum(ids) % 5) / 4 for p, ids in pairs]
 
 
 def test_training_with_skipping_ends_at_the_same_weights(char_tokenizer, tmp_path):

@@ -92,8 +92,9 @@ class AblationGRPOTrainer(GRPOTrainer):
       process's slice of the global advantages, sliced as TRL does) and the advantages TRL just appended to the
       completions table; logs `advantages/mean` and `advantages/std`.
     - `_compute_loss`: with `skip_zero_advantage_completions`, first drops the completions whose advantage is 0
-      (`drop_zero_advantage_rows`: same loss and gradient); then TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), old log-probs from
-      the batch when TRL computed them (off-policy) else the detached current ones, then
+      (`drop_zero_advantage_rows`: same loss and gradient); then TRL's log-prob / entropy forward
+      (`_get_per_token_logps_and_entropies`), old log-probs from the batch when TRL computed them (off-policy) else
+      the detached current ones, then
       `objectives.compute_policy_gradient_loss` and `objectives.reduce_loss`, divided by the gradient accumulation
       steps in training (TRL turns HF's automatic scaling off). Logs `entropy` and, for `grpo_clip`, TRL's
       `clip_ratio/{low,high,region}_mean` (region = fraction of completion tokens whose clipped term was active).
