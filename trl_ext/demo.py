@@ -10,7 +10,8 @@
    that knows several ways to answer explores where a single canonical form would not;
 3. GRPO: `AblationGRPOTrainer` with GRPO's three choices (std-normalised group advantages, clipped surrogate,
    per-sequence masked mean; https://arxiv.org/abs/2402.03300) on the Countdown reward (1.0 correct, 0.1 tagged
-   but wrong, 0.0 untagged), which is also the evaluation metric;
+   but wrong, 0.0 untagged), which is also the evaluation metric; completions of all-equal groups (advantage 0)
+   stay out of the loss's forward and backward (`skip_zero_advantage_completions`);
 4. held-out evaluation before and after GRPO on a fixed set of problems (seed `EVAL_SEED`) that never shares a
    (sorted numbers, target) key with training: greedy accuracy, and mean accuracy of `eval_samples` samples per
    problem at temperature 1 (no top-k / top-p).
@@ -20,9 +21,9 @@ in text), an SFT warm start instead of a pretrained model, and all numbers must 
 how the problems are generated. The run folder gets `metrics.json`, `curve.png`, the wandb offline run and the
 final model; the last line printed is the command for the real GPU experiment.
 
-What it shows (README, measured on 2 seeds): GRPO lifts sampled accuracy by 17-20 points and greedy accuracy by 7-11
-points over the SFT start, and pass@4 with them; an SFT-only control given GRPO's CPU time (measured with the
-single-solution SFT) reaches higher accuracy still.
+What it shows (README, measured on 2 seeds, about 8 minutes each): GRPO lifts greedy accuracy by 11 points and sampled
+accuracy by 19-20 points over the SFT start, and pass@4 with them; the README also reports an SFT-only control given
+GRPO's time. GRPO skips the loss forward/backward of completions with advantage 0 (same gradient, 1.4x faster steps).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class DemoConfig:
         metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
     )
     # GRPO
-    grpo_steps: int = field(default=900, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
+    grpo_steps: int = field(default=1400, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
     grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO optimizer step."})
     rollout_batch_size: int = field(
         default=0, metadata={"help": "Completions per rollout (a multiple of --grpo_batch_size); 0 = grpo_batch_size."}
@@ -101,6 +102,13 @@ class DemoConfig:
     grpo_warmup_steps: int = field(default=0, metadata={"help": "GRPO linear warmup steps."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range of the GRPO surrogate."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of GRPO rollouts."})
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave completions with advantage 0 (groups whose rewards are all equal) out of the loss's "
+            "forward and backward: same gradient, faster steps (AblationGRPOConfig.skip_zero_advantage_completions)."
+        },
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> DemoConfig:
@@ -427,6 +435,7 @@ def run_grpo(
         beta=0.0,
         epsilon=cfg.epsilon,
         temperature=cfg.temperature,
+        skip_zero_advantage_completions=cfg.skip_zero_advantage,
         top_p=1.0,
         top_k=0,
         log_completions=False,
