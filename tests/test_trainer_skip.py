@@ -31,9 +31,13 @@ class ShapeRecordingTrainer(AblationGRPOTrainer):
         return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
 
-def _batch_with_zero_rows(trainer, zero_rows):
-    """16 sampled completions (4 prompts x 4); advantages of `zero_rows` set to 0, the others made non-zero."""
-    batch = generate(trainer, group_inputs(PROMPTS[:4]))
+def _sample(trainer):
+    """16 sampled completions (4 prompts x 4)."""
+    return generate(trainer, group_inputs(PROMPTS[:4]))
+
+
+def _with_zero_rows(batch, zero_rows):
+    """`batch` with the advantages of `zero_rows` set to 0 and the others made non-zero."""
     advantages = batch["advantages"].clone()
     advantages[advantages == 0] = 0.5
     advantages[list(zero_rows)] = 0.0
@@ -62,13 +66,13 @@ def test_same_loss_and_gradient_on_fewer_rows(char_tokenizer, tmp_path, pg_loss_
         per_device_train_batch_size=16,
         num_iterations=2,
     )
-    probe = generate(trainer, group_inputs(PROMPTS[:4]))
-    lengths = probe["completion_mask"].sum(dim=1)
+    sampled = _sample(trainer)
+    lengths = sampled["completion_mask"].sum(dim=1)
     longest = int(lengths.argmax())
     # Zero out a whole group, one more row and every row as long as the longest one: the kept rows are shorter.
     zero_rows = sorted({0, 1, 2, 3, 9} | set((lengths == lengths.max()).nonzero().flatten().tolist()))
     assert longest in zero_rows and len(zero_rows) < 16
-    batch = _batch_with_zero_rows(trainer, zero_rows)
+    batch = _with_zero_rows(sampled, zero_rows)
     assert "old_per_token_logps" in batch
     perturb_(trainer.model, scale=0.2)
 
@@ -91,7 +95,7 @@ def test_all_zero_advantages_give_zero_loss_and_gradient_from_one_row(char_token
     trainer = make_trainer(
         char_tokenizer, tmp_path, trainer_cls=ShapeRecordingTrainer, num_generations=4, per_device_train_batch_size=16
     )
-    batch = _batch_with_zero_rows(trainer, range(16))
+    batch = _with_zero_rows(_sample(trainer), range(16))
     loss, grads, shapes = _loss_and_grads(trainer, batch, skip=True)
     assert shapes[0][0] == 1
     assert loss.item() == 0.0
