@@ -220,3 +220,32 @@ def test_cli_eval_and_help(tmp_path, char_tokenizer):
     assert summary["config"]["max_tokens"] == [4, 8]
     bad = runner.invoke(app, ["eval", model_dir, "--max-tokens", "a,b"])
     assert bad.exit_code != 0 and "--max-tokens" in bad.output
+
+
+def test_evaluate_model_in_memory_scores_with_a_reward_function(char_tokenizer, tiny_model):
+    """`evaluate_model` (the in-memory path, no files) passes each response with its own problem's ground truth to a
+    reward function, and its responses are the sampled tokens decoded up to the cut. Catches records paired with
+    the wrong problem, a reward function that is ignored, and responses that are not what was sampled."""
+    from trl_ext.evaluation import evaluate_model
+
+    prompts, truths = ["[1, 2] -> 3 :", "[10, 20, 30] -> 60 :"], [1.0, 0.0]
+    calls = []
+
+    def reward(response, truth):  # problem 0 always right, problem 1 always wrong
+        calls.append((response, truth))
+        return {"reward": truth, "format_reward": 1.0, "answer_reward": truth}
+
+    kwargs = dict(n=3, max_new_tokens=8, seed=2, batch_size=16)
+    summary, records = evaluate_model(tiny_model, char_tokenizer, prompts, truths, reward, ns=(1, 3), **kwargs)
+    assert [(r["problem_index"], r["sample_index"], r["ground_truth"]) for r in records] == [
+        (p, j, truths[p]) for p in range(2) for j in range(3)
+    ]
+    assert calls == [(r["response"], r["ground_truth"]) for r in records]
+    assert summary["accuracy"] == pytest.approx(0.5) and summary["pass_at_n"] == {"1": 0.5, "3": 0.5}
+    samples = [
+        s for per in generate_transformers(tiny_model, char_tokenizer, prompts, progress=False, **kwargs) for s in per
+    ]
+    for sample, record in zip(samples, records, strict=True):
+        assert record["num_tokens"] <= 8
+        text = char_tokenizer.decode(sample.token_ids[: record["num_tokens"]], skip_special_tokens=True)
+        assert record["response"] == text.split("</answer>")[0] + ("</answer>" if "</answer>" in text else "")

@@ -1,0 +1,79 @@
+"""Zero-shot evaluation: sample n completions per problem, score them with the training rewards, report
+accuracy, the seeds' three outcome categories, pass@N and Best@N, for one or several generation budgets.
+
+Pipeline (one function per arrow): task rows (`trl_ext.tasks.load_task`) -> prompt strings (chat template when
+`chat`) -> samples with per-token log-probabilities (vLLM on a GPU, else `transformers.generate`) -> cut at the
+first `</answer>` / EOS / the budget -> reward components (`trl_ext.rewards`, the same functions training uses)
+-> `generations.jsonl` + `summary.json` + `pass_at_n.png` per budget.
+
+How the budgets share samples: autoregressive sampling is prefix-consistent (the first L tokens of a sample drawn
+with budget L' > L are distributed exactly as a sample drawn with budget L, same stop rule), so we sample once with
+the largest `max_tokens` and cut each sample to every smaller budget, instead of sampling again.
+
+Stop rule, as the seeds' vLLM `SamplingParams(stop=["</answer>"], include_stop_str_in_output=True)`: a response
+ends right after the first `</answer>` (kept in the text) or at EOS. The transformers backend passes
+`stop_strings=` to `generate` and, as a token may run past the stop string (`"</answer>."`), also cuts the decoded
+text after the first `</answer>` itself.
+
+Mean token log-probability (the Best@N score): the mean over the response's generated tokens (stop / EOS token
+included) of log p(token | prefix) under the model's raw distribution (temperature 1, no top-p), i.e. what vLLM
+returns with its default `logprobs_mode="raw_logprobs"`. The transformers backend records it during generation
+from the unprocessed logits, so no second forward pass is needed.
+
+Categories (seed 000): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
+Accuracy is the mean answer reward; pass@1 equals it.
+
+Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `transformers_backend` and
+`vllm_backend` (generation), `scoring` (reward components and records), `summary` (pass@N / Best@N, categories),
+`pipeline` (`evaluate_model` in memory, `evaluate` with files), `cli` (`trl-ext eval`).
+"""
+
+from trl_ext.evaluation.cli import register
+from trl_ext.evaluation.config import BACKENDS, REWARD_NAMES, STOP, TASK_NAMES, EvalConfig, parse_int_list
+from trl_ext.evaluation.pipeline import evaluate, evaluate_model, load_problems, render_prompts, resolve_backend
+from trl_ext.evaluation.samples import Sample, cut_sample, cut_samples
+from trl_ext.evaluation.scoring import (
+    CATEGORIES,
+    RewardComponentsFn,
+    category,
+    ground_truth_of,
+    reward_name_for,
+    score_response,
+    score_samples,
+)
+from trl_ext.evaluation.summary import format_report, summarize
+from trl_ext.evaluation.transformers_backend import eos_token_ids, generate_transformers, load_model_and_tokenizer
+from trl_ext.evaluation.vllm_backend import generate_vllm, vllm_engine_kwargs, vllm_sampling_kwargs
+
+__all__ = [
+    "BACKENDS",
+    "CATEGORIES",
+    "EvalConfig",
+    "REWARD_NAMES",
+    "RewardComponentsFn",
+    "STOP",
+    "Sample",
+    "TASK_NAMES",
+    "category",
+    "cut_sample",
+    "cut_samples",
+    "eos_token_ids",
+    "evaluate",
+    "evaluate_model",
+    "format_report",
+    "generate_transformers",
+    "generate_vllm",
+    "ground_truth_of",
+    "load_model_and_tokenizer",
+    "load_problems",
+    "parse_int_list",
+    "register",
+    "render_prompts",
+    "resolve_backend",
+    "reward_name_for",
+    "score_response",
+    "score_samples",
+    "summarize",
+    "vllm_engine_kwargs",
+    "vllm_sampling_kwargs",
+]

@@ -1,0 +1,66 @@
+"""`trl-ext eval`: the Typer command around `trl_ext.evaluation.pipeline.evaluate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from trl_ext.evaluation.config import TASK_NAMES, EvalConfig, parse_int_list
+from trl_ext.evaluation.pipeline import evaluate
+from trl_ext.evaluation.summary import format_report
+
+
+def register(app: typer.Typer) -> None:
+    """Add `trl-ext eval` to the CLI."""
+
+    @app.command("eval")
+    def eval_command(
+        model: str = typer.Argument(..., help="Hub id or local directory of the model."),
+        task: str = typer.Option("gsm8k", help=f"One of {', '.join(TASK_NAMES)}."),
+        split: str = typer.Option("test", help="Hub split, or a slice of --data-file ('test[:100]')."),
+        data_file: str | None = typer.Option(None, help="Local .jsonl / .parquet instead of the Hub dataset."),
+        prompt: str | None = typer.Option(
+            None, help="r1_zero, question_only, countdown, intellect (default: the task's)."
+        ),
+        chat: bool = typer.Option(False, help="Wrap prompts in the tokenizer's chat template (instruct models)."),
+        max_tokens: str = typer.Option("1024", help="One or several budgets: '256,512,1024'."),
+        temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+        top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+        n: int = typer.Option(1, help="Samples per problem (pass@N / Best@N use N <= n)."),
+        seed: int = typer.Option(0, help="Sampling seed."),
+        limit: int | None = typer.Option(None, help="Evaluate the first LIMIT problems."),
+        output_dir: str = typer.Option("eval_results", help="Output folder."),
+        backend: str = typer.Option("auto", help="auto, transformers, vllm."),
+        batch_size: int = typer.Option(64, help="Sequences per generate call (transformers backend)."),
+        dtype: str = typer.Option("float32", help="Model dtype (transformers backend)."),
+        reward: str | None = typer.Option(None, help="countdown, r1_zero, question_only (default: from task/prompt)."),
+        ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
+    ) -> None:
+        """Zero-shot evaluation: accuracy, outcome categories, pass@N and Best@N per token budget."""
+        try:
+            cfg = EvalConfig(
+                model=model,
+                task=task,
+                data_file=data_file,
+                split=split,
+                prompt=prompt,
+                chat=chat,
+                max_tokens=parse_int_list(max_tokens, "--max-tokens"),
+                temperature=temperature,
+                top_p=top_p,
+                n=n,
+                seed=seed,
+                limit=limit,
+                output_dir=output_dir,
+                backend=backend,
+                batch_size=batch_size,
+                dtype=dtype,
+                reward=reward,
+                ns=parse_int_list(ns, "--ns"),
+            )
+        except (ValueError, FileNotFoundError) as err:
+            raise typer.BadParameter(str(err)) from None
+        report = evaluate(cfg)
+        typer.echo(format_report(report))
+        typer.echo(f"wrote {Path(output_dir) / 'summary.json'}")

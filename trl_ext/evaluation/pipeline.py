@@ -1,0 +1,204 @@
+"""Evaluation runs: problems -> prompts -> samples -> scored records -> summaries, in memory or written to files.
+
+`evaluate_model` is the in-memory path for a model already loaded (transformers backend, no files), for callers
+such as a training loop or the demo; `evaluate` runs an `EvalConfig` end to end, picks the backend and writes
+`generations.jsonl`, `summary.json` and `pass_at_n.png` per budget.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from trl_ext.evaluation.config import STOP, EvalConfig
+from trl_ext.evaluation.samples import cut_samples
+from trl_ext.evaluation.scoring import ground_truth_of, reward_name_for, score_samples
+from trl_ext.evaluation.summary import summarize
+from trl_ext.evaluation.transformers_backend import eos_token_ids, generate_transformers, load_model_and_tokenizer
+from trl_ext.evaluation.vllm_backend import generate_vllm
+
+
+def resolve_backend(backend: str) -> str:
+    """`auto` -> `vllm` when vLLM is installed and CUDA is available, else `transformers`."""
+    if backend != "auto":
+        return backend
+    import importlib.util
+
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "transformers"
+
+
+def load_problems(cfg: EvalConfig) -> tuple[list[str] | list[list[dict]], list[dict]]:
+    """Task rows and their prompts (strings, or chat messages when `cfg.chat`); raises before any model loads."""
+    from trl_ext.tasks import load_task
+
+    dataset = load_task(
+        cfg.task, source=cfg.data_file, split=cfg.split, prompt=cfg.prompt, chat=cfg.chat, limit=cfg.limit
+    )
+    rows = dataset.to_list()
+    if not rows:
+        raise ValueError(f"no problems to evaluate in {cfg.data_file or cfg.task} (split {cfg.split!r})")
+    return [r["prompt"] for r in rows], rows
+
+
+def render_prompts(prompts: list, tokenizer) -> list[str]:
+    """Prompt strings; chat messages go through the tokenizer's chat template with the generation prompt."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            out.append(p)
+        elif getattr(tokenizer, "chat_template", None):
+            out.append(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True))
+        else:
+            raise ValueError(f"row {i}: chat prompt given but the tokenizer has no chat template; drop --chat")
+    return out
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    prompts: list[str],
+    ground_truths: list[Any],
+    reward,
+    *,
+    n: int = 1,
+    max_new_tokens: int = 1024,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+    stop: tuple[str, ...] = STOP,
+    ns: tuple[int, ...] = (1, 4, 8, 16),
+    num_examples: int = 3,
+    progress: bool = False,
+) -> tuple[dict, list[dict]]:
+    """Samples, scores and summarises `n` completions per prompt with a loaded model; writes nothing.
+
+    The same steps as `evaluate` for one budget: `generate_transformers` -> `cut_samples` (stop string / EOS /
+    `max_new_tokens`) -> `score_samples` -> `summarize`. The model is used in the mode it is in (call
+    `model.eval()` first for dropout-free sampling); the tokenizer must pad on the left.
+
+    Args:
+        model: a causal LM.
+        tokenizer: its tokenizer, left padding.
+        prompts: `(P,)` prompt strings.
+        ground_truths: `(P,)` ground truths for the reward.
+        reward: a reward name (`countdown`, `r1_zero`, `question_only`) or a function
+            `(response, ground_truth) -> {"reward", "format_reward", "answer_reward"}`.
+        n: samples per prompt; temperature 0 is greedy (then use n = 1).
+        max_new_tokens: the generation budget.
+        temperature, top_p, seed, batch_size, stop: as in `generate_transformers`.
+        ns: the N of pass@N / Best@N (N > n skipped).
+        num_examples: examples kept per category.
+        progress: show the tqdm bar.
+
+    Returns:
+        `(summary, records)`: the `summarize` dict, and one record per sample (problem-major, `n` per problem)
+        with `response`, `reward`, `format_reward`, `answer_reward`, `category`, `mean_logprob`, ...
+    """
+    samples = generate_transformers(
+        model,
+        tokenizer,
+        prompts,
+        n=n,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        batch_size=batch_size,
+        stop=stop,
+        progress=progress,
+    )
+    cuts = cut_samples(samples, tokenizer, (max_new_tokens,), eos_token_ids(model, tokenizer), stop)
+    records = score_samples(prompts, ground_truths, cuts, max_new_tokens, reward)
+    return summarize(records, n, ns, num_examples), records
+
+
+def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict:
+    """Run an evaluation and write its files.
+
+    Args:
+        cfg: the run's settings.
+        model, tokenizer: an already loaded model / tokenizer (transformers backend); loaded from `cfg.model`
+            otherwise.
+        progress: show the tqdm bar.
+
+    Returns:
+        `{"config": ..., "generation": {...}, "results": {"<max_tokens>": summary}}`, also written to
+        `<output_dir>/summary.json`; each budget gets `<output_dir>/L<max_tokens>/` with `generations.jsonl`,
+        `summary.json` and `pass_at_n.png`.
+    """
+    prompts, rows = load_problems(cfg)  # bad data fails here, before the model loads
+    reward = reward_name_for(cfg.task, cfg.prompt, cfg.reward)
+    backend = resolve_backend(cfg.backend) if model is None else "transformers"
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    start = time.perf_counter()
+    if backend == "vllm":
+        from transformers import AutoTokenizer
+
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(cfg.model)
+        texts = render_prompts(prompts, tokenizer)
+        samples = generate_vllm(cfg, texts)
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    else:
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype)
+        elif tokenizer is None:
+            raise ValueError("evaluate(model=...) needs tokenizer= too")
+        texts = render_prompts(prompts, tokenizer)
+        samples = generate_transformers(
+            model,
+            tokenizer,
+            texts,
+            n=cfg.n,
+            max_new_tokens=max(cfg.max_tokens),
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            stop=cfg.stop,
+            progress=progress,
+        )
+        eos = eos_token_ids(model, tokenizer)
+    seconds = time.perf_counter() - start
+    # Tokens actually generated (to EOS / stop / the largest budget): the work the backend did.
+    cuts = cut_samples(samples, tokenizer, cfg.max_tokens, eos, cfg.stop)
+    generated = sum(c[max(cfg.max_tokens)]["num_tokens"] for per_problem in cuts for c in per_problem)
+    generation = {
+        "backend": backend,
+        "seconds": seconds,
+        "generated_tokens": generated,
+        "tokens_per_second": generated / seconds if seconds > 0 else None,
+    }
+
+    ground_truths = [ground_truth_of(cfg.task, row) for row in rows]
+    results = {}
+    for budget in cfg.max_tokens:
+        records = score_samples(texts, ground_truths, cuts, budget, reward)
+        summary = summarize(records, cfg.n, cfg.ns, cfg.num_examples)
+        summary.update({"max_tokens": budget, "reward_function": reward})
+        _write_budget(out_dir / f"L{budget}", records, summary, f"{Path(cfg.model).name} {cfg.task} L{budget}")
+        results[str(budget)] = summary
+
+    report = {"config": asdict(cfg), "generation": generation, "results": results}
+    (out_dir / "summary.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    return report
+
+
+def _write_budget(budget_dir: Path, records: list[dict], summary: dict, title: str) -> None:
+    """`generations.jsonl`, `summary.json` and (when there is a pass@N curve) `pass_at_n.png` of one budget."""
+    budget_dir.mkdir(parents=True, exist_ok=True)
+    with open(budget_dir / "generations.jsonl", "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    (budget_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    if summary["pass_at_n"]:
+        from trl_ext.plotting import plot_pass_at_n
+
+        plot_pass_at_n(summary, budget_dir / "pass_at_n.png", title=title)

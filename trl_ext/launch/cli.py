@@ -1,0 +1,93 @@
+"""`trl-ext launch`: the Typer command that plans a launch, prints it, and runs it."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+
+from trl_ext.launch.configs import LaunchError
+from trl_ext.launch.planning import plan_launch
+from trl_ext.launch.supervision import run_launch
+
+SERVER_CMD_ENV = "TRL_EXT_SERVER_CMD"
+TRAIN_CMD_ENV = "TRL_EXT_TRAIN_CMD"
+
+
+def register(app: typer.Typer) -> None:
+    """Adds `trl-ext launch` to the Typer app."""
+
+    @app.command(
+        "launch",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        help=(
+            "Start the vLLM server on the GPUs the accelerate config leaves free, wait for its health endpoint, "
+            "run `accelerate launch --config_file FILE RECIPE --config YAML [ARGS]`, and stop the server afterwards "
+            "(also on failure and Ctrl-C). Recipes without `use_vllm: true` + `vllm_mode: server` just run "
+            "accelerate launch. Extra ARGS go to the recipe. Exit code: the trainer's."
+        ),
+    )
+    def launch(
+        ctx: typer.Context,
+        recipe: Path = typer.Argument(..., help="Recipe script, e.g. recipes/countdown.py."),
+        accelerate_config: Path = typer.Option(
+            ..., "--accelerate-config", help="Accelerate config; its gpu_ids/num_processes decide the training GPUs."
+        ),
+        config: Path | None = typer.Option(None, "--config", help="Recipe YAML (passed on as --config)."),
+        num_gpus: int | None = typer.Option(
+            None, "--num-gpus", help="GPUs on this machine (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)."
+        ),
+        vllm_tp: int | None = typer.Option(None, "--vllm-tp", help="Server tensor-parallel size (default: all free)."),
+        vllm_dp: int | None = typer.Option(None, "--vllm-dp", help="Server data-parallel size (default 1)."),
+        vllm_args: str = typer.Option(
+            "", "--vllm-args", help="Extra server args, one string, e.g. '--max_model_len 4096'."
+        ),
+        health_timeout: float = typer.Option(900.0, "--health-timeout", help="Seconds to wait for /health."),
+        grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
+        log_dir: Path | None = typer.Option(
+            None, "--log-dir", help="Folder of the server log (default: the recipe's output_dir, else runs/launch)."
+        ),
+        server_cmd: str | None = typer.Option(
+            None,
+            "--server-cmd",
+            envvar=SERVER_CMD_ENV,
+            help="Replace the server command (template: {model} {host} {port} {tp} {dp} {gpus} {python}).",
+        ),
+        train_cmd: str | None = typer.Option(
+            None,
+            "--train-cmd",
+            envvar=TRAIN_CMD_ENV,
+            help="Replace `accelerate launch ...` (template: {accelerate_config} {recipe} {config} {python}).",
+        ),
+        poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between health checks."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print both commands (with their env) and exit."),
+    ) -> None:
+        try:
+            plan = plan_launch(
+                accelerate_config,
+                recipe,
+                config,
+                list(ctx.args),
+                num_gpus=num_gpus,
+                vllm_tp=vllm_tp,
+                vllm_dp=vllm_dp,
+                vllm_args=shlex.split(vllm_args),
+                server_cmd=server_cmd,
+                train_cmd=train_cmd,
+                log_dir=log_dir,
+            )
+        except LaunchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(plan.render())
+        if dry_run:
+            raise typer.Exit(0)
+        try:
+            code = run_launch(
+                plan, health_timeout=health_timeout, grace=grace, poll_interval=poll_interval, echo=typer.echo
+            )
+        except LaunchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(code)

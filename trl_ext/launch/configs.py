@@ -1,0 +1,229 @@
+"""What a launch reads from its inputs: the accelerate config's placement fields and the recipe's serving fields."""
+
+from __future__ import annotations
+
+import socket
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# TRL 1.16 GRPOConfig defaults for the server the trainer connects to.
+TRL_DEFAULT_HOST = "0.0.0.0"
+TRL_DEFAULT_PORT = 8000
+# Addresses that mean "this machine": only then does the launcher start the server itself.
+_LOCAL_HOSTS = {"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"}
+# Recipe fields the launcher reads; extra recipe args (`--vllm_server_port 8001`) override the YAML like TrlParser.
+_SERVING_KEYS = (
+    "model_name_or_path",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_base_url",
+    "output_dir",
+)
+
+
+class LaunchError(RuntimeError):
+    """A launch that cannot go on; the message names the file, field or process at fault."""
+
+
+@dataclass(frozen=True)
+class AccelerateSetup:
+    """What the launcher needs from an accelerate config file.
+
+    Attributes:
+        path: the config file.
+        distributed_type: accelerate's `distributed_type` (`NO`, `MULTI_GPU`, `DEEPSPEED`, ...).
+        num_processes: processes over all machines (accelerate's meaning).
+        num_machines: machines taking part.
+        gpu_ids: the GPUs training uses on this machine, or None for accelerate's `all` (the first
+            `num_processes / num_machines` visible GPUs).
+        use_cpu: training runs on CPU and takes no GPU.
+    """
+
+    path: Path
+    distributed_type: str
+    num_processes: int
+    num_machines: int = 1
+    gpu_ids: tuple[str, ...] | None = None
+    use_cpu: bool = False
+
+    @property
+    def local_processes(self) -> int:
+        """Training processes on this machine: `num_processes // num_machines`."""
+        return max(self.num_processes // self.num_machines, 1)
+
+
+def read_accelerate_config(path: str | Path) -> AccelerateSetup:
+    """Reads the placement fields of an accelerate config YAML, with errors that name the file and field.
+
+    Args:
+        path: an accelerate config file (as written by `accelerate config` or in `accelerate_configs/`).
+
+    Returns:
+        The parsed `AccelerateSetup`.
+
+    Raises:
+        LaunchError: the file is missing, is not YAML mapping, or has a bad `distributed_type`, `num_processes`,
+            `num_machines` or `gpu_ids`.
+    """
+    path = Path(path)
+    data = _read_yaml_mapping(path, "accelerate config")
+    if "distributed_type" not in data:
+        raise LaunchError(f"accelerate config {path}: missing `distributed_type` (e.g. 'NO', MULTI_GPU, DEEPSPEED)")
+    distributed_type = data["distributed_type"]
+    # Unquoted `NO` is YAML 1.1 for False; accelerate itself writes 'NO' quoted.
+    distributed_type = "NO" if distributed_type is False else str(distributed_type).upper()
+    if "num_processes" in data:
+        num_processes = _as_int(data["num_processes"], f"accelerate config {path}: `num_processes`", minimum=1)
+    elif distributed_type == "NO":
+        num_processes = 1
+    else:
+        raise LaunchError(
+            f"accelerate config {path}: `num_processes` is required with distributed_type {distributed_type}"
+        )
+    num_machines = _as_int(data.get("num_machines", 1), f"accelerate config {path}: `num_machines`", minimum=1)
+    use_cpu = bool(data.get("use_cpu", False))
+    raw_ids = data.get("gpu_ids")
+    gpu_ids: tuple[str, ...] | None = None
+    if raw_ids is not None and str(raw_ids).strip().lower() != "all":
+        gpu_ids = tuple(part.strip() for part in str(raw_ids).split(","))
+        if not all(gpu_ids):
+            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
+        if len(set(gpu_ids)) != len(gpu_ids):
+            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} repeats a GPU")
+    return AccelerateSetup(path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu)
+
+
+def load_recipe_yaml(path: str | Path) -> dict:
+    """A recipe YAML as one flat dict, its `base:` chain resolved, read by `trl_ext.recipes.load_recipe_yaml` so the
+    launcher and the recipe scripts see the same values."""
+    from trl_ext.recipes import load_recipe_yaml as recipes_load_yaml
+
+    try:
+        return dict(recipes_load_yaml(path))
+    except (OSError, ValueError) as exc:  # trl_ext.recipes.RecipeError is a ValueError naming the file
+        raise LaunchError(f"recipe config: {exc}") from exc
+
+
+def _read_yaml_mapping(path: Path, what: str) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise LaunchError(f"{what} {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise LaunchError(f"{what} {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LaunchError(f"{what} {path} must be a YAML mapping of field: value, got {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True)
+class RecipeServing:
+    """The recipe fields that decide whether and how a vLLM server is started (TRL 1.16 defaults)."""
+
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    model: str | None = None
+    host: str = TRL_DEFAULT_HOST
+    port: int = TRL_DEFAULT_PORT
+    output_dir: str | None = None
+
+    @property
+    def server_mode(self) -> bool:
+        """TRL only talks to a server with `use_vllm: true` and `vllm_mode: server`."""
+        return self.use_vllm and self.vllm_mode == "server"
+
+    @property
+    def local_server(self) -> bool:
+        return self.host in _LOCAL_HOSTS or self.host in {socket.gethostname(), socket.getfqdn()}
+
+
+def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = ()) -> RecipeServing:
+    """Reads the serving fields from a recipe YAML (`base:` resolved) and the recipe args that override it.
+
+    Args:
+        config: the recipe YAML given as `--config`, or None (TRL defaults: no vLLM).
+        extra_args: the args after the recipe, e.g. `("--vllm_server_port", "8001")`; `--key value`,
+            `--key=value` and dashed keys are read the way TrlParser reads them.
+
+    Raises:
+        LaunchError: a field has a value of the wrong type (named with its file).
+    """
+    source = "recipe args"
+    values: dict = {}
+    if config is not None:
+        source = f"recipe config {config}"
+        values = {k: v for k, v in load_recipe_yaml(config).items() if k in _SERVING_KEYS}
+    values.update(_serving_overrides(extra_args))
+    use_vllm = _as_bool(values.get("use_vllm", False), f"{source}: `use_vllm`")
+    vllm_mode = str(values.get("vllm_mode", "colocate"))
+    if vllm_mode not in ("server", "colocate"):
+        raise LaunchError(f"{source}: `vllm_mode` must be 'server' or 'colocate', got {vllm_mode!r}")
+    host = str(values.get("vllm_server_host", TRL_DEFAULT_HOST))
+    port = _as_int(values.get("vllm_server_port", TRL_DEFAULT_PORT), f"{source}: `vllm_server_port`", minimum=1)
+    base_url = values.get("vllm_server_base_url")
+    if base_url:
+        # TRL ignores host and port when a base URL is given; so do we.
+        parsed = urllib.parse.urlparse(str(base_url))
+        if not parsed.hostname:
+            raise LaunchError(f"{source}: `vllm_server_base_url` {base_url!r} has no host")
+        host = parsed.hostname
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    model = values.get("model_name_or_path")
+    output_dir = values.get("output_dir")
+    return RecipeServing(
+        use_vllm=use_vllm,
+        vllm_mode=vllm_mode,
+        model=None if model is None else str(model),
+        host=host,
+        port=port,
+        output_dir=None if output_dir is None else str(output_dir),
+    )
+
+
+def _serving_overrides(args: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token.startswith("--"):
+            key, has_value, value = token[2:].partition("=")
+            key = key.replace("-", "_")
+            if key in _SERVING_KEYS:
+                if has_value:
+                    out[key] = value
+                elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    out[key] = args[i + 1]
+                    i += 1
+                else:  # a bare boolean flag, e.g. `--use_vllm`
+                    out[key] = "true"
+        i += 1
+    return out
+
+
+def _as_bool(value, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "y"):
+        return True
+    if text in ("false", "0", "no", "n"):
+        return False
+    raise LaunchError(f"{what} must be true or false, got {value!r}")
+
+
+def _as_int(value, what: str, minimum: int = 0) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise LaunchError(f"{what} must be an integer >= {minimum}, got {value!r}") from None
+    if isinstance(value, bool) or number < minimum:
+        raise LaunchError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return number

@@ -1,0 +1,130 @@
+"""The recipes' script-argument dataclasses (GRPO and SFT) and the per-task defaults they fall back to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl_ext.recipes.yaml_chain import RecipeError
+
+# Per task: default prompt, reward functions, and the splits that keep training and validation disjoint.
+# The Countdown hub set has only a train split, so its last 1024 rows are held out (as TinyZero does).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "countdown": {
+        "prompt": "countdown",
+        "reward_funcs": ["countdown"],
+        "dataset_split": "train[:-1024]",
+        "eval_split": "train[-1024:]",
+    },
+    "gsm8k": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
+    "math": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
+}
+SFT_DEFAULT_DATASET = "PrimeIntellect/INTELLECT-MATH-SFT-Data"
+
+
+@dataclass
+class GRPOScriptArguments:
+    """Recipe fields that are neither training-config nor model fields (GRPO recipes: countdown, gsm8k, math).
+
+    `None` means the task's default (`trl_ext.recipes.TASK_DEFAULTS`), filled in by `apply_task_defaults`.
+    """
+
+    dataset_source: str | None = field(
+        default=None,
+        metadata={"help": "Training problems: a hub dataset id or a local .parquet/.jsonl file. Default: the task's."},
+    )
+    dataset_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of dataset_source, with datasets' slicing (e.g. 'train[:-1024]'). Default: the task's "
+            "(Countdown: 'train[:-1024]'; GSM8K, MATH: 'train')."
+        },
+    )
+    limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
+    prompt: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt template name in trl_ext.tasks (r1_zero, question_only, countdown, tinyzero, intellect). "
+            "Default: the task's (Countdown: countdown; GSM8K, MATH: r1_zero)."
+        },
+    )
+    chat_template: bool = field(
+        default=False,
+        metadata={
+            "help": "Send prompts as chat messages, so the tokenizer's chat template wraps them (instruct models); "
+            "else as plain text (base models, R1-Zero style)."
+        },
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions, names from trl_ext.rewards.REWARD_FUNCS (countdown, r1_zero, question_only). "
+            "Default: the task's."
+        },
+    )
+    eval_source: str | None = field(
+        default=None,
+        metadata={"help": "Validation problems: hub id or local file. Default: the task's source for eval_split."},
+    )
+    eval_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of eval_source used for validation during and after training; 'none' disables it. "
+            "Default: the task's (Countdown: 'train[-1024:]'; GSM8K, MATH: 'test')."
+        },
+    )
+    eval_limit: int | None = field(
+        default=1024,
+        metadata={"help": "Validate on the first N problems of the eval split (seeds: >= 1024 where available)."},
+    )
+    n_grpo_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Seeds' GRPO steps (rollout batches). Sets max_steps = n_grpo_steps * num_iterations * "
+            "steps_per_generation / gradient_accumulation_steps (optimizer steps per rollout batch). Setting "
+            "max_steps to a different value as well is an error."
+        },
+    )
+    rollout_log_steps: int = field(
+        default=10,
+        metadata={"help": "Write example rollouts to <output_dir>/rollouts.jsonl every N steps (0: never)."},
+    )
+    final_eval: bool = field(
+        default=True, metadata={"help": "Evaluate on the validation split after training and save eval metrics."}
+    )
+
+
+@dataclass
+class SFTScriptArguments:
+    """Recipe fields of the SFT recipe (MATH reasoning traces in `messages` form)."""
+
+    dataset_source: str = field(
+        default=SFT_DEFAULT_DATASET,
+        metadata={
+            "help": "Reasoning traces: a hub dataset id or local .jsonl/.parquet file whose rows hold `messages` "
+            "(system?, user, assistant). Trained as prompt (all but the last assistant turn) -> completion "
+            "(the last assistant turn), loss on the completion only."
+        },
+    )
+    dataset_split: str = field(default="train[:-1024]", metadata={"help": "Training split (datasets' slicing)."})
+    limit: int | None = field(
+        default=None, metadata={"help": "Dataset size: use only the first N examples (seed 001: 128 ... 1024, full)."}
+    )
+    eval_source: str | None = field(
+        default=None, metadata={"help": "Validation traces (hub id or local file). Default: dataset_source."}
+    )
+    eval_split: str = field(
+        default="train[-1024:]", metadata={"help": "Validation split of eval_source; 'none' disables validation."}
+    )
+    eval_limit: int | None = field(default=1024, metadata={"help": "Validate on the first N examples."})
+    final_eval: bool = field(default=True, metadata={"help": "Evaluate after training and save eval metrics."})
+
+
+def apply_task_defaults(task: str, script_args: GRPOScriptArguments) -> GRPOScriptArguments:
+    """Fill the `None` fields of `script_args` with `TASK_DEFAULTS[task]` (in place; returned for chaining)."""
+    if task not in TASK_DEFAULTS:
+        raise RecipeError(f"unknown task {task!r}; choose one of {sorted(TASK_DEFAULTS)}")
+    for key, value in TASK_DEFAULTS[task].items():
+        if getattr(script_args, key) is None:
+            setattr(script_args, key, list(value) if isinstance(value, list) else value)
+    return script_args

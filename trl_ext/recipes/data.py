@@ -1,0 +1,104 @@
+"""Recipe datasets: GRPO problems through `trl_ext.tasks`, SFT traces as prompt-completion conversations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments
+from trl_ext.recipes.yaml_chain import RecipeError
+
+
+def _is_disabled(split: str | None) -> bool:
+    return split is None or str(split).lower() in ("none", "no", "")
+
+
+def load_grpo_datasets(task: str, script_args: GRPOScriptArguments, training_args=None):
+    """Training and validation datasets of a GRPO recipe through `trl_ext.tasks.load_task`.
+
+    Returns:
+        `(train_dataset, eval_dataset)`; `eval_dataset` is None when `eval_split` is 'none' or
+        `training_args.eval_strategy` is "no" and `final_eval` is off.
+    """
+    from trl_ext.tasks import load_task
+
+    common = {"prompt": script_args.prompt, "chat": script_args.chat_template}
+    train = load_task(
+        task, source=script_args.dataset_source, split=script_args.dataset_split, limit=script_args.limit, **common
+    )
+    _require_rows(train, script_args.dataset_source, script_args.dataset_split, "dataset")
+    wants_eval = script_args.final_eval or (training_args is not None and training_args.eval_strategy != "no")
+    if _is_disabled(script_args.eval_split) or not wants_eval:
+        return train, None
+    source = script_args.eval_source if script_args.eval_source is not None else script_args.dataset_source
+    evaluation = load_task(task, source=source, split=script_args.eval_split, limit=script_args.eval_limit, **common)
+    _require_rows(evaluation, source, script_args.eval_split, "eval")
+    return train, evaluation
+
+
+def _require_rows(dataset, source, split, field_prefix: str) -> None:
+    """An empty split would train for zero steps (or validate on nothing) without complaint; refuse it."""
+    if len(dataset) == 0:
+        raise RecipeError(
+            f"{source or 'the task default source'} split {split!r} has no rows; check {field_prefix}_source / "
+            f"{field_prefix}_split (a slice like 'train[:-1024]' of a small file can be empty)"
+        )
+
+
+def load_sft_dataset(source: str, split: str, limit: int | None = None):
+    """Reasoning traces as TRL prompt-completion conversations (loss on the completion only).
+
+    Each row's `messages` (a list of `{"role", "content"}`) is split into `prompt` = every message before the
+    last one and `completion` = [the last message], which must be the assistant's. Other columns are dropped.
+
+    Args:
+        source: hub dataset id or a local .jsonl / .json / .parquet file.
+        split: split name with datasets' slicing ("train[:-1024]"); for a local file it slices its only split.
+        limit: keep the first N rows.
+
+    Raises:
+        RecipeError: a row without `messages`, or whose last message is not a non-empty assistant turn, naming
+            the source and the row index.
+    """
+    from datasets import load_dataset
+
+    path = Path(source)
+    if path.suffix in (".jsonl", ".json", ".parquet"):
+        if not path.is_file():
+            raise RecipeError(f"SFT data file not found: {path}")
+        builder = "parquet" if path.suffix == ".parquet" else "json"
+        dataset = load_dataset(builder, data_files={"train": str(path)}, split=_on_train_split(split))
+    else:
+        dataset = load_dataset(source, split=split)
+    if "messages" not in dataset.column_names:
+        raise RecipeError(f"{source}: SFT data needs a `messages` column; found {dataset.column_names}")
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    for index, messages in enumerate(dataset["messages"]):
+        last = messages[-1] if messages else None
+        if not last or last.get("role") != "assistant" or not str(last.get("content") or "").strip():
+            raise RecipeError(
+                f"{source}: row {index}: `messages` must end with a non-empty assistant turn, got "
+                f"{(last or {}).get('role')!r}"
+            )
+    return dataset.map(
+        lambda row: {"prompt": row["messages"][:-1], "completion": row["messages"][-1:]},
+        remove_columns=dataset.column_names,
+    )
+
+
+def load_sft_datasets(script_args: SFTScriptArguments):
+    """Training and validation traces of an SFT recipe; validation is None when `eval_split` is 'none'."""
+    train = load_sft_dataset(script_args.dataset_source, script_args.dataset_split, script_args.limit)
+    _require_rows(train, script_args.dataset_source, script_args.dataset_split, "dataset")
+    if _is_disabled(script_args.eval_split):
+        return train, None
+    source = script_args.eval_source or script_args.dataset_source
+    evaluation = load_sft_dataset(source, script_args.eval_split, script_args.eval_limit)
+    _require_rows(evaluation, source, script_args.eval_split, "eval")
+    return train, evaluation
+
+
+def _on_train_split(split: str) -> str:
+    """A local file has one split, 'train'; keep any slice of the requested split ('test[:10]' -> 'train[:10]')."""
+    bracket = split.find("[")
+    return "train" + (split[bracket:] if bracket >= 0 else "")

@@ -1,0 +1,182 @@
+"""Recipe command lines: `TrlParser` with `--config` YAML `base:` chains, then the steps and generation settings
+derived from the parsed values (`max_steps` from `n_grpo_steps`, vLLM-only sampling options)."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
+from trl_ext.recipes.yaml_chain import RecipeError, load_recipe_yaml_with_sources
+
+logger = logging.getLogger(__name__)
+
+# Sampling options only vLLM understands; the transformers backend gets an equivalent or a warning (see
+# `adapt_generation_kwargs`).
+VLLM_ONLY_GENERATION_KWARGS = ("stop", "include_stop_str_in_output")
+
+
+def _recipe_parser_class():
+    from trl import TrlParser
+
+    class RecipeParser(TrlParser):
+        """`TrlParser` whose `--config` YAML may have a `base:` chain; unknown keys name their file."""
+
+        def parse_args_and_config(self, args: Sequence[str] | None = None, **kwargs):
+            args = list(sys.argv[1:] if args is None else args)
+            config_path = _pop_config_flag(args)
+            if config_path is None:
+                return self.parse_args_into_dataclasses(args=args)
+            config, sources = load_recipe_yaml_with_sources(config_path)
+            env = config.pop("env", None) or {}
+            if not isinstance(env, dict):
+                raise RecipeError(f"{sources['env']}: `env` must be a mapping of variable: value")
+            known = {action.dest for action in self._actions}
+            for key in config:
+                if key not in known:
+                    close = difflib.get_close_matches(key, sorted(known), n=3)
+                    hint = f"; did you mean {', '.join(close)}?" if close else ""
+                    raise RecipeError(
+                        f"{sources[key]}: unknown key {key!r} (not a field of "
+                        f"{', '.join(t.__name__ for t in self.dataclass_types)}){hint}"
+                    )
+            for name, value in env.items():
+                os.environ[str(name)] = str(value)
+            # Runs land in runs/<recipe folder>/<recipe name> unless the recipe or the command line says otherwise.
+            name = f"{Path(config_path).resolve().parent.name}/{Path(config_path).stem}"
+            if "output_dir" in known:
+                config.setdefault("output_dir", str(Path("runs") / name))
+            if "run_name" in known:
+                config.setdefault("run_name", name)
+            self.set_defaults_with_config(**config)
+            try:
+                return self.parse_args_into_dataclasses(args=args)
+            except (ValueError, TypeError) as err:
+                if isinstance(err, RecipeError):
+                    raise
+                raise RecipeError(f"{Path(config_path).resolve()}: {err}") from err
+
+    return RecipeParser
+
+
+def _pop_config_flag(args: list[str]) -> str | None:
+    """Remove `--config PATH` / `--config=PATH` from `args` and return PATH (None when absent)."""
+    for i, arg in enumerate(args):
+        if arg == "--config":
+            if i + 1 >= len(args):
+                raise RecipeError("--config needs a path to a recipe YAML")
+            path = args[i + 1]
+            del args[i : i + 2]
+            return path
+        if arg.startswith("--config="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = None):
+    """The recipe parser for `kind` ("grpo" or "sft"): (script args, training config, `trl.ModelConfig`)."""
+    from trl import ModelConfig, SFTConfig
+
+    if kind == "grpo":
+        from trl_ext.config import AblationGRPOConfig
+
+        types = (GRPOScriptArguments, AblationGRPOConfig, ModelConfig)
+    elif kind == "sft":
+        types = (SFTScriptArguments, SFTConfig, ModelConfig)
+    else:
+        raise ValueError(f"kind={kind!r}; choose 'grpo' or 'sft'")
+    epilog = (
+        "--config YAML: a recipe (recipes/<task>/*.yaml) whose keys are the flags above; `base: other.yaml` "
+        "inherits from another recipe; command-line flags override the YAML."
+    )
+    if task == "countdown":
+        epilog += " Without --config, recipes/countdown.py runs the embedded CPU demo (python -m trl_ext.demo --help)."
+    return _recipe_parser_class()(types, prog=prog, epilog=epilog)
+
+
+def parse_recipe_args(task: str, argv: Sequence[str] | None = None):
+    """Parse a recipe's command line (`--config YAML` plus overrides) for `task`.
+
+    Args:
+        task: "countdown", "gsm8k", "math" (GRPO) or "sft".
+        argv: command-line arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        `(script_args, training_args, model_args)`; for GRPO tasks the task defaults are applied and `max_steps`
+        is derived from `n_grpo_steps`.
+    """
+    kind = "sft" if task == "sft" else "grpo"
+    script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
+    if kind == "grpo":
+        apply_task_defaults(task, script_args)
+        resolve_max_steps(script_args, training_args)
+    return script_args, training_args, model_args
+
+
+def optimizer_steps_per_rollout(training_args) -> int:
+    """Optimizer steps TRL takes per rollout (generation) batch.
+
+    One rollout batch holds `generation_batch_size` completions; TRL cuts it into `steps_per_generation`
+    micro-batches per process and passes over it `num_iterations` times; each optimizer step consumes
+    `gradient_accumulation_steps` micro-batches:
+
+        steps = num_iterations * steps_per_generation / gradient_accumulation_steps
+              = epochs_per_rollout_batch * rollout_batch_size / train_batch_size      (seed vocabulary)
+    """
+    micro = training_args.num_iterations * training_args.steps_per_generation
+    ga = training_args.gradient_accumulation_steps
+    if micro % ga:
+        raise RecipeError(
+            f"num_iterations * steps_per_generation = {micro} micro-batches per rollout batch is not a whole number "
+            f"of optimizer steps (gradient_accumulation_steps={ga}); make rollout_batch_size a multiple of "
+            "train_batch_size"
+        )
+    return micro // ga
+
+
+def resolve_max_steps(script_args: GRPOScriptArguments, training_args) -> None:
+    """Set `training_args.max_steps` from `n_grpo_steps` (one GRPO step = one rollout batch)."""
+    if script_args.n_grpo_steps is None:
+        return
+    if script_args.n_grpo_steps < 1:
+        raise RecipeError(f"n_grpo_steps={script_args.n_grpo_steps} must be >= 1")
+    max_steps = script_args.n_grpo_steps * optimizer_steps_per_rollout(training_args)
+    if training_args.max_steps > 0 and training_args.max_steps != max_steps:
+        raise RecipeError(
+            f"max_steps={training_args.max_steps} contradicts n_grpo_steps={script_args.n_grpo_steps} (which gives "
+            f"max_steps={max_steps}); set only one of them"
+        )
+    training_args.max_steps = max_steps
+
+
+def adapt_generation_kwargs(training_args) -> list[str]:
+    """Make `generation_kwargs` (written for vLLM's SamplingParams) valid for the generation backend in use.
+
+    vLLM (server and colocate modes) takes `stop`, `include_stop_str_in_output` and `min_tokens` as they are.
+    The transformers backend (`use_vllm: false`) gets `min_tokens` renamed to `min_new_tokens`; its stop strings
+    need a tokenizer passed to `generate()`, which TRL does not do, so `stop` / `include_stop_str_in_output` are
+    dropped there (with a warning): completions then run to EOS or `max_completion_length`, and the rewards grade
+    the first `</answer>`-closed answer anyway.
+
+    Returns:
+        The dropped keys (empty with vLLM).
+    """
+    kwargs = training_args.generation_kwargs
+    if training_args.use_vllm or not kwargs:
+        return []
+    kwargs = dict(kwargs)
+    if "min_tokens" in kwargs:
+        kwargs["min_new_tokens"] = kwargs.pop("min_tokens")
+    dropped = [key for key in VLLM_ONLY_GENERATION_KWARGS if kwargs.pop(key, None) is not None]
+    if dropped:
+        logger.warning(
+            "generation_kwargs %s apply to vLLM only; the transformers backend ignores them (no stop at </answer>)",
+            dropped,
+        )
+    training_args.generation_kwargs = kwargs or None
+    return dropped

@@ -1,0 +1,128 @@
+"""Recipe trainers: `AblationGRPOTrainer` or `trl.SFTTrainer` from parsed arguments, then train, save, evaluate."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from trl_ext.recipes.data import load_grpo_datasets
+from trl_ext.recipes.parsing import adapt_generation_kwargs, parse_recipe_args
+from trl_ext.recipes.yaml_chain import RecipeError
+
+logger = logging.getLogger(__name__)
+
+
+def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
+    """`from_pretrained` kwargs from `ModelConfig`, under `training_args.model_init_kwargs` (as TRL's scripts do)."""
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    kwargs.update(training_args.model_init_kwargs or {})
+    return kwargs
+
+
+def add_rollout_logging(trainer, every_n_steps: int):
+    """Attach `trl_ext.callbacks.RolloutSamplesCallback` (example rollouts to `<output_dir>/rollouts.jsonl` every
+    `every_n_steps` steps) when that module is installed; returns the callback or None."""
+    if not every_n_steps:
+        return None
+    try:
+        from trl_ext.callbacks import RolloutSamplesCallback
+    except ImportError:
+        return None
+    callback = RolloutSamplesCallback(trainer, every_n_steps=every_n_steps)
+    trainer.add_callback(callback)
+    return callback
+
+
+def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset):
+    """`AblationGRPOTrainer` for a parsed recipe; TRL loads the model from `model_name_or_path`."""
+    from trl import get_peft_config, get_quantization_config
+
+    from trl_ext.trainer import AblationGRPOTrainer
+
+    _require_model(model_args)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    if eval_dataset is None and training_args.eval_strategy != "no":
+        logger.warning("no validation split: eval_strategy %r turned off", str(training_args.eval_strategy))
+        training_args.eval_strategy = "no"
+    trainer = AblationGRPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+    add_rollout_logging(trainer, script_args.rollout_log_steps)
+    return trainer
+
+
+def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset):
+    """`trl.SFTTrainer` for a parsed SFT recipe; TRL loads the model from `model_name_or_path`."""
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    _require_model(model_args)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    if eval_dataset is None and training_args.eval_strategy != "no":
+        training_args.eval_strategy = "no"
+    return SFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+
+
+def _require_model(model_args) -> None:
+    if not model_args.model_name_or_path:
+        raise RecipeError("model_name_or_path is not set (recipe key or --model_name_or_path)")
+
+
+def train_save_evaluate(trainer, training_args, script_args, dataset_name: str | None = None) -> dict[str, float]:
+    """Train (resuming from the last checkpoint in output_dir if any), save, evaluate; returns the eval metrics."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+        if checkpoint is not None:
+            logger.info("resuming from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"model saved to {training_args.output_dir}")
+
+    metrics: dict[str, float] = {}
+    if script_args.final_eval and trainer.eval_dataset is not None:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+    if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
+        trainer.end()
+    return metrics
+
+
+def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, float]:
+    """A GRPO recipe end to end: parse -> task data -> rewards -> AblationGRPOTrainer -> train, save, validate."""
+    from trl_ext.rewards import get_reward_funcs
+
+    script_args, training_args, model_args = parse_recipe_args(task, argv)
+    adapt_generation_kwargs(training_args)
+    # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
+    train_dataset, eval_dataset = load_grpo_datasets(task, script_args, training_args)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
+    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
