@@ -26,7 +26,7 @@ assets: install
 	-$(PY) -m trl_ext.assets fetch-smollm2
 
 run: install
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py --demo
 
 test: install assets
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \

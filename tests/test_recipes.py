@@ -327,14 +327,51 @@ def test_sft_trace_without_a_final_assistant_turn_names_file_and_row(tmp_path):
         load_sft_dataset(str(path), "train")
 
 
-def test_countdown_script_without_config_runs_the_embedded_default(monkeypatch):
-    """`accelerate launch recipes/countdown.py` (no --config), i.e. `make run`, hands its argv to trl_ext.demo.main."""
+@pytest.fixture
+def demo_calls(monkeypatch):
+    """Replaces trl_ext.demo.main (our own entry point, not a library) by a recorder of the argv it gets."""
     import trl_ext.demo
 
     calls = []
     monkeypatch.setattr(trl_ext.demo, "main", lambda argv=None: calls.append(argv) or {"demo": True})
-    assert _load_script("countdown").main(["--seed", "3"]) == {"demo": True}
-    assert calls == [["--seed", "3"]]
+    return calls
+
+
+def test_countdown_script_without_config_on_cpu_runs_the_demo_and_says_so(demo_calls, capsys):
+    """No --config and no GPU: the argv goes to trl_ext.demo.main, with a printed line naming the demo."""
+    assert _load_script("countdown").main(["--seed", "3"], cuda_available=False) == {"demo": True}
+    assert demo_calls == [["--seed", "3"]]
+    assert "running the CPU demo" in capsys.readouterr().out
+
+
+def test_countdown_script_without_config_on_a_gpu_machine_refuses_the_demo(demo_calls):
+    """No --config with a GPU visible: exit naming the GPU recipe command; the CPU demo must not start.
+    Catches a silent fall-back to the toy demo on a GPU machine."""
+    from trl_ext.demo import GPU_COMMAND
+
+    with pytest.raises(SystemExit, match="no --config on a machine with a GPU") as exc:
+        _load_script("countdown").main(["--seed", "3"], cuda_available=True)
+    assert GPU_COMMAND in str(exc.value) and "--demo" in str(exc.value)
+    assert demo_calls == []
+
+
+@pytest.mark.parametrize("cuda_available", [False, True])
+def test_countdown_script_demo_flag_runs_the_demo_anywhere(demo_calls, cuda_available):
+    """`--demo` (what `make run` passes) runs the demo with a GPU too, the flag itself removed from its argv."""
+    assert _load_script("countdown").main(["--demo", "--seed", "3"], cuda_available=cuda_available) == {"demo": True}
+    assert demo_calls == [["--seed", "3"]]
+
+
+def test_countdown_script_demo_and_config_together_are_an_error(demo_calls):
+    config = str(RECIPES / "countdown" / "seed001.yaml")
+    with pytest.raises(SystemExit, match="--demo .* or --config YAML .*, not both"):
+        _load_script("countdown").main(["--demo", "--config", config], cuda_available=False)
+    assert demo_calls == []
+
+
+def test_countdown_help_explains_the_demo_rule():
+    epilog = make_parser("grpo", task="countdown").epilog
+    assert "--demo" in epilog and "no GPU is visible" in epilog and "GPU recipe command" in epilog
 
 
 def test_config_flag_accepts_the_equals_form():

@@ -95,7 +95,11 @@ def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = 
         "inherits from another recipe; command-line flags override the YAML."
     )
     if task == "countdown":
-        epilog += " Without --config, recipes/countdown.py runs the embedded CPU demo (python -m trl_ext.demo --help)."
+        epilog += (
+            " --demo [flags] runs the embedded CPU demo instead (python -m trl_ext.demo --help lists its flags). "
+            "Without --config or --demo the demo runs only where no GPU is visible; with a GPU visible the script "
+            "exits and prints the GPU recipe command."
+        )
     return _recipe_parser_class()(types, prog=prog, epilog=epilog)
 
 
