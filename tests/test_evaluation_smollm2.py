@@ -7,7 +7,7 @@ samples). 128 samples x 32 new tokens is what fits this module's share of the su
 200 s wall / 192 CPU-s on a 2-core machine shared with other jobs (load 5), 861 s at 64 tokens before the prompts'
 prefill was shared by their samples. At 32 tokens no response reaches `</answer>`, so this checks the pipeline on a
 real model (files, counts, categories, pass@N / Best@N identities, rewards of the stored text), not accuracy;
-`trl-ext eval` with more tokens gives the numbers (README, evaluation section).
+`trl-ext eval` with more tokens gives the numbers (docs/evaluation.md).
 """
 
 from __future__ import annotations
