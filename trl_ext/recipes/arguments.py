@@ -58,8 +58,9 @@ class GRPOScriptArguments:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Reward functions, names from trl_ext.rewards.REWARD_FUNCS (countdown, r1_zero, question_only). "
-            "Default: the task's."
+            "help": "Reward functions: names from trl_ext.rewards.REWARD_FUNCS (countdown, r1_zero, question_only), "
+            "parameterised ones with keyword arguments ('soft_overlong(max_length=1024, buffer_length=256)'), or "
+            "import paths 'my_pkg.rewards:function' / 'my_pkg.rewards:Class(key=value)'. Default: the task's."
         },
     )
     eval_source: str | None = field(

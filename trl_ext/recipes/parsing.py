@@ -119,6 +119,9 @@ def parse_recipe_args(task: str, argv: Sequence[str] | None = None):
     if kind == "grpo":
         apply_task_defaults(task, script_args)
         resolve_max_steps(script_args, training_args)
+        from trl_ext.rewards import get_reward_funcs
+
+        get_reward_funcs(script_args.reward_funcs, training_args)  # imports `module:function` names: fail early
     return script_args, training_args, model_args
 
 

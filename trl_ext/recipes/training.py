@@ -123,6 +123,6 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
     adapt_generation_kwargs(training_args)
     # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
     train_dataset, eval_dataset = load_grpo_datasets(task, script_args, training_args)
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)
     trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
     return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)

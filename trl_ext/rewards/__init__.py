@@ -5,6 +5,10 @@ Light to import (stdlib only; math-verify loads in a child process on the first 
     from trl_ext.rewards import countdown_reward, r1_zero_reward
     trainer = trl.GRPOTrainer(model, reward_funcs=[countdown_reward], train_dataset=dataset, ...)
 
+Recipes name rewards by registry name, with keyword arguments for parameterised ones
+(`soft_overlong(max_length=1024, buffer_length=256)`, `trl_ext.rewards.shaping`), or by import path
+(`my_pkg.rewards:my_reward`): `get_reward_funcs`.
+
 The plain functions (`countdown_reward_fn`, `r1_zero_reward_fn`, ...) score one `(text, ground_truth)` pair; the
 TRL-protocol callables score a batch from the dataset's columns. Training reward and evaluation metric are the same
 functions.
@@ -27,6 +31,8 @@ from trl_ext.rewards.math import (
     question_only_reward_fn,
     r1_zero_reward_fn,
 )
+from trl_ext.rewards.resolve import resolve_reward_spec, split_reward_specs
+from trl_ext.rewards.shaping import SoftOverlong, soft_overlong_penalty
 from trl_ext.rewards.trl_rewards import CountdownReward, MathReward, completion_text
 
 countdown_reward = CountdownReward()
@@ -41,24 +47,46 @@ REWARD_FUNCS = {
 }
 
 
-def get_reward_funcs(names: str | list[str]) -> list:
-    """The TRL-protocol reward callables for registry names (a comma-separated string or a list).
+# Parameterised rewards: a recipe names them with their arguments, e.g. "soft_overlong(max_length=1024, ...)".
+REWARD_CLASSES = {
+    "soft_overlong": SoftOverlong,
+}
+
+
+def get_reward_funcs(names: str | list[str], config=None) -> list:
+    """The TRL-protocol reward callables for recipe specs (a list, or one comma-separated string).
+
+    A spec is a registry name (`REWARD_FUNCS`), a parameterised one with keyword arguments (`REWARD_CLASSES`:
+    `"soft_overlong(max_length=1024, buffer_length=256)"`) or an import path `module.path:function` /
+    `module.path:Class(key=value)` (see `trl_ext.rewards.resolve`).
+
+    Args:
+        names: the specs.
+        config: the training config; a reward with a `check_config(config)` method checks itself against it
+            (`soft_overlong`: its `max_length` against `max_completion_length`).
 
     Raises:
-        ValueError: for an unknown name, listing the valid ones.
+        ValueError: for an unknown name (listing the valid ones), a module that does not import or an attribute it
+            lacks (naming them), bad arguments, or a reward that does not fit the config.
     """
     if isinstance(names, str):
-        names = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in names if name not in REWARD_FUNCS]
-    if unknown or not names:
-        raise ValueError(f"unknown reward function(s) {unknown or names!r}; valid: {sorted(REWARD_FUNCS)}")
-    return [REWARD_FUNCS[name] for name in names]
+        names = split_reward_specs(names)
+    if not names:
+        raise ValueError(f"no reward function given; valid: {sorted({*REWARD_FUNCS, *REWARD_CLASSES})}")
+    funcs = [resolve_reward_spec(name, REWARD_FUNCS, REWARD_CLASSES) for name in names]
+    if config is not None:
+        for func in funcs:
+            if hasattr(func, "check_config"):
+                func.check_config(config)
+    return funcs
 
 
 __all__ = [
+    "REWARD_CLASSES",
     "REWARD_FUNCS",
     "CountdownReward",
     "MathReward",
+    "SoftOverlong",
     "completion_text",
     "countdown_reward",
     "countdown_reward_components",
@@ -74,5 +102,6 @@ __all__ = [
     "question_only_reward_fn",
     "r1_zero_reward",
     "r1_zero_reward_fn",
+    "soft_overlong_penalty",
     "validate_numbers",
 ]
