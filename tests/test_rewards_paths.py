@@ -64,7 +64,8 @@ def user_module(tmp_path, monkeypatch):
 def test_import_paths_resolve_to_the_function_and_a_built_instance(user_module):
     from my_rewards_pkg.rewards import TargetLength, length_reward
 
-    func, built = get_reward_funcs([f"{user_module}:length_reward", f"{user_module}:TargetLength(target=3, scale=0.5)"])
+    specs = [f"{user_module}:length_reward", f"{user_module}:TargetLength(target=3, scale=0.5)"]
+    func, built = get_reward_funcs(specs)
     assert func is length_reward
     assert isinstance(built, TargetLength) and (built.target, built.scale) == (3, 0.5)
     assert built(["abcde", "a"]) == [-1.0, -1.0]  # |5 - 3| * 0.5, |1 - 3| * 0.5
