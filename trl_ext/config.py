@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from trl_ext.objectives import LENGTH_NORMALIZATIONS, PG_LOSS_TYPES
+from trl_ext.sampling import check_dynamic_sampling_config
 
 # TRL loss_type whose own reduction equals ours; set on the config so TRL code keyed on loss_type stays coherent.
 _TRL_LOSS_TYPE = {"masked_mean": "grpo", "masked_normalize": "dr_grpo"}
@@ -120,6 +121,22 @@ class AblationGRPOConfig(GRPOConfig):
         },
     )
 
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop the groups whose rewards are all equal and generate more prompts "
+            "until the batch is full of groups with varied rewards or max_generation_batches batches were "
+            "generated (then equal-reward groups fill the rest). See docs/dynamic_sampling.md."
+        },
+    )
+    max_generation_batches: int | None = field(
+        default=None,
+        metadata={
+            "help": "With dynamic_sampling: at most this many generation batches per rollout step (default 4). "
+            "An error without dynamic_sampling."
+        },
+    )
+
     def __post_init__(self):
         self._check_axes()
         self._reject_unsupported()
@@ -127,6 +144,7 @@ class AblationGRPOConfig(GRPOConfig):
         self._map_seed_batch_fields()
         # GRPOConfig.__post_init__ derives generation_batch_size / steps_per_generation from the fields set above.
         super().__post_init__()
+        check_dynamic_sampling_config(self)
 
     def _check_axes(self):
         if self.pg_loss_type not in PG_LOSS_TYPES:

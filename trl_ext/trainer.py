@@ -18,6 +18,7 @@ from trl.trainer.utils import get_config_model_id
 
 from trl_ext.config import AblationGRPOConfig
 from trl_ext.objectives import compute_policy_gradient_loss, group_normalize, reduce_loss
+from trl_ext.sampling import DynamicSamplingMixin
 
 # Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
@@ -79,7 +80,7 @@ def drop_zero_advantage_rows(inputs: dict) -> tuple[dict, float]:
     return batch, rows.numel() / n
 
 
-class AblationGRPOTrainer(GRPOTrainer):
+class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     """Drop-in `trl.GRPOTrainer` with the seeds' advantage / loss / reduction axes (see `AblationGRPOConfig`).
 
     Overrides exactly:
@@ -98,6 +99,10 @@ class AblationGRPOTrainer(GRPOTrainer):
       `objectives.compute_policy_gradient_loss` and `objectives.reduce_loss`, divided by the gradient accumulation
       steps in training (TRL turns HF's automatic scaling off). Logs `entropy` and, for `grpo_clip`, TRL's
       `clip_ratio/{low,high,region}_mean` (region = fraction of completion tokens whose clipped term was active).
+
+    With `dynamic_sampling`, `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) builds each
+    generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
+    one generation batch.
 
     Kept from TRL as is: reward metrics (`reward`, `reward_std`, `rewards/<func>/mean|std`,
     `frac_reward_zero_std` = fraction of zero-std groups), completion lengths, loss and grad norm, tool masks,

@@ -1,0 +1,360 @@
+"""Dynamic sampling (DAPO, https://arxiv.org/abs/2503.14476; verl `algorithm.filter_groups`): train only on groups
+whose rewards differ, generating more groups until the batch is full.
+
+A group whose completions all got the same reward has advantage 0 under any group baseline: it costs a forward and
+backward and only dilutes the batch mean. With `dynamic_sampling` on, each rollout step
+
+1. generates one generation batch with TRL's own code (vLLM or transformers) and scores it;
+2. drops the groups whose rewards are all equal, judged on the rewards gathered from every process, so every rank
+   decides alike; shaping rewards (a reward function with `shaping = True`, such as `soft_overlong`) are left out
+   of that judgement, as DAPO filters on accuracy (verl `filter_groups.metric=acc`);
+3. while fewer groups were kept than a generation batch holds and fewer than `max_generation_batches` batches were
+   generated, draws a fresh batch of prompts from the training set (each repeated `num_generations` times and split
+   across processes as TRL's `RepeatSampler` lays them out) and goes back to 1;
+4. builds the batch from the first kept groups in generation order; when the cap stops it short, it fills the
+   remaining places with the dropped groups in generation order (advantage 0 under a group baseline: the loss is
+   that of the kept groups times their share of the batch, as without dynamic sampling) and logs how many;
+5. gathers each generation batch's tensors from all processes, pads prompts on the left and completions on the
+   right to common widths, and hands each process its contiguous slice, so every rank trains on the same number of
+   rows; `num_items_in_batch` (token-mean losses) is recounted over the built batch.
+
+Logged per rollout step: `dynamic_sampling/generation_batches`, `groups_generated`, `groups_kept`, `groups_filled`.
+TRL's own reward metrics (`reward`, `frac_reward_zero_std`, ...) cover every generated completion; the completions
+table holds the trained ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# verl's DAPO recipe generates at most 10 batches of 3x the training prompts; ours are 1x, so 4 bounds the extra
+# generation cost at 3x a plain step.
+DEFAULT_MAX_GENERATION_BATCHES = 4
+
+# Per-completion batch entries: (pad on the left, pad value; None = the tokenizer's pad id). 1-D entries ignore both.
+_ROW_ENTRIES = {
+    "prompt_ids": (True, None),
+    "prompt_mask": (True, 0),
+    "completion_ids": (False, None),
+    "completion_mask": (False, 0),
+    "tool_mask": (False, 1),
+    "advantages": (False, 0),
+    "old_per_token_logps": (False, 0.0),
+    "sampling_per_token_logps": (False, 0.0),
+    "ref_per_token_logps": (False, 0.0),
+    "importance_sampling_ratio": (False, 0.0),
+}
+_LOG_KEYS = ("prompt", "completion", "advantages", "images")
+
+
+def check_dynamic_sampling_config(args) -> None:
+    """Validate `dynamic_sampling` / `max_generation_batches` on a config and resolve the cap's default.
+
+    Raises:
+        ValueError: `max_generation_batches` set without `dynamic_sampling` (it would be ignored) or a cap below 1.
+            (Groups of one completion, always uniform, are refused by TRL's own config.)
+    """
+    cap = args.max_generation_batches
+    if not args.dynamic_sampling:
+        if cap is not None:
+            raise ValueError(
+                f"max_generation_batches={cap} has no effect without dynamic_sampling; set dynamic_sampling=True or "
+                "leave max_generation_batches unset"
+            )
+        return
+    if cap is None:
+        args.max_generation_batches = cap = DEFAULT_MAX_GENERATION_BATCHES
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"max_generation_batches={cap!r} must be an integer >= 1 (generation batches per step)")
+
+
+def filter_signal(rewards_per_func: torch.Tensor, weights: torch.Tensor, shaping: Sequence[bool]) -> torch.Tensor:
+    """The reward that decides whether a group is kept: the weighted sum of the non-shaping reward functions.
+
+    Args:
+        rewards_per_func: `(N, F)` rewards, NaN where a function returned None.
+        weights: `(F,)` reward weights.
+        shaping: per function, True for a shaping reward (left out; all are used when every function is one).
+
+    Returns:
+        `(N,)`: `sum_f w_f r_f` over the counted functions (NaN ignored); NaN where every counted function is NaN.
+    """
+    counted = torch.tensor([not s for s in shaping], dtype=torch.bool, device=rewards_per_func.device)
+    if not counted.any():
+        counted = ~counted
+    rewards = rewards_per_func[:, counted]
+    signal = (rewards * weights.to(rewards.device)[counted].unsqueeze(0)).nansum(dim=1)
+    return signal.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))
+
+
+def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups have all-equal rewards (zero variance).
+
+    Args:
+        rewards: `(N,)`, groups of `group_size` contiguous; NaN (unscored) entries are ignored.
+        group_size: completions per group.
+
+    Returns:
+        `(N // group_size,)` bool: `max_g r == min_g r` over the scored members, or fewer than two scored members.
+    """
+    grouped = rewards.view(-1, group_size)  # (groups, G)
+    scored = ~torch.isnan(grouped)
+    high = grouped.masked_fill(~scored, float("-inf")).amax(dim=1)
+    low = grouped.masked_fill(~scored, float("inf")).amin(dim=1)
+    return (scored.sum(dim=1) < 2) | (high == low)
+
+
+def select_groups(uniform_per_batch: Sequence[torch.Tensor], target: int) -> tuple[list[int], int, int]:
+    """The groups a training batch is built from, as indices into all generated groups (batches concatenated).
+
+    Args:
+        uniform_per_batch: per generation batch, `(groups,)` bool from `uniform_groups`.
+        target: groups the training batch holds.
+
+    Returns:
+        `(chosen, kept, filled)`: the first `target` non-uniform groups in generation order, then, when there are
+        fewer, uniform groups in generation order to fill the batch; `kept` / `filled` count the two kinds.
+    """
+    uniform = torch.cat([u.cpu() for u in uniform_per_batch])
+    varied = (~uniform).nonzero().flatten().tolist()[:target]
+    filler = uniform.nonzero().flatten().tolist()[: target - len(varied)]
+    return varied + filler, len(varied), len(filler)
+
+
+def pad_and_concat(tensors: Sequence[torch.Tensor], pad_value: float, left: bool) -> torch.Tensor:
+    """Concatenate `(n_i, T_i)` tensors along rows after padding each to `max T_i` columns (1-D: plain concat).
+
+    Args:
+        tensors: the blocks; all 1-D or all 2-D.
+        pad_value: fill of the added columns.
+        left: pad on the left (prompts, as TRL left-pads them) instead of the right (completions).
+
+    Returns:
+        `(sum n_i, max T_i)` (or `(sum n_i,)`).
+    """
+    if tensors[0].dim() == 1:
+        return torch.cat(list(tensors))
+    width = max(t.size(1) for t in tensors)
+    padded = []
+    for t in tensors:
+        extra = t.new_full((t.size(0), width - t.size(1)), pad_value)
+        padded.append(torch.cat([extra, t] if left else [t, extra], dim=1))
+    return torch.cat(padded)
+
+
+def draw_prompt_indices(num_rows: int, num_prompts: int, group_size: int, seed: str) -> list[int]:
+    """Dataset indices of one global generation batch: `num_prompts` distinct prompts, each `group_size` times.
+
+    Stateless (a function of `seed`, the same on every process and after a resume); the layout is TRL's
+    `RepeatSampler`'s, so `[rank * n_local:(rank + 1) * n_local]` is a process's share.
+    """
+    rng = random.Random(seed)
+    prompts = (
+        rng.sample(range(num_rows), num_prompts)
+        if num_rows >= num_prompts
+        else rng.choices(range(num_rows), k=num_prompts)
+    )
+    return [index for index in prompts for _ in range(group_size)]
+
+
+class DynamicSamplingMixin:
+    """`GRPOTrainer` mixin: `_generate_and_score_completions` repeated until the batch is full of varied groups.
+
+    Put it between a trainer and `trl.GRPOTrainer` (`class T(DynamicSamplingMixin, GRPOTrainer)`): a subclass
+    above it sees one generation batch, built from the kept groups, as if TRL had generated it; its gathered rewards
+    are left in `self._gathered_rewards` (`AblationGRPOTrainer` recomputes the advantages from them, so batch-level
+    statistics cover the trained groups). Without `AblationGRPOTrainer` the advantages are TRL's, computed per
+    generation batch. Active only when `args.dynamic_sampling` is true and the model is training.
+
+    Overrides `__init__` (refuses datasets it cannot draw prompts from), `_calculate_rewards` (keeps the gathered
+    rewards of each generation batch) and `_generate_and_score_completions`.
+    """
+
+    def __init__(self, *args, **kwargs):
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if config is not None and getattr(config, "dynamic_sampling", False):
+            _check_train_dataset(kwargs.get("train_dataset"))  # before TRL loads the model
+        self._round_rewards: torch.Tensor | None = None
+        self._prompt_source = None
+        super().__init__(*args, **kwargs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._round_rewards = rewards_per_func  # (N_global, n_funcs)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        if not getattr(self.args, "dynamic_sampling", False) or not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        args, group = self.args, self.num_generations
+        target = args.generation_batch_size // group
+        shaping = [bool(getattr(func, "shaping", False)) for func in self.reward_funcs]
+        self._take_logs()  # the previous step's rows; TRL would overwrite them with this batch's anyway
+        batches, uniform, kept = [], [], 0
+        for index in range(args.max_generation_batches):
+            if index > 0:
+                inputs = self._draw_inputs(index)
+            output = super()._generate_and_score_completions(inputs)
+            rewards = self._round_rewards
+            batches.append(self._gather_batch(output, rewards, self._take_logs()))
+            uniform.append(uniform_groups(filter_signal(rewards, self.reward_weights, shaping), group))
+            kept += int((~uniform[-1]).sum())
+            if kept >= target:
+                break
+        chosen, kept, filled = select_groups(uniform, target)
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/generation_batches"].append(float(len(batches)))
+        metrics["dynamic_sampling/groups_generated"].append(float(sum(u.numel() for u in uniform)))
+        metrics["dynamic_sampling/groups_kept"].append(float(kept))
+        metrics["dynamic_sampling/groups_filled"].append(float(filled))
+        if filled:
+            logger.warning(
+                "dynamic sampling: %d of %d groups in %d generation batches had varied rewards "
+                "(max_generation_batches=%d); filled the batch with %d equal-reward groups",
+                kept, target, len(batches), args.max_generation_batches, filled,
+            )  # fmt: skip
+        return self._build_batch(batches, chosen, group)
+
+    def _draw_inputs(self, index: int) -> list:
+        """This process's share of a fresh generation batch of training prompts (TRL's row layout)."""
+        if self._prompt_source is None:
+            dataset = self.train_dataset
+            if hasattr(dataset, "column_names"):  # a datasets.Dataset: the columns TRL's dataloader would keep
+                dataset = self._remove_unused_columns(dataset, description="training")
+            self._prompt_source = dataset
+        args, world = self.args, self.accelerator.num_processes
+        local = args.generation_batch_size // world
+        seed = f"{args.seed}:{self.state.global_step}:{index}"
+        indices = draw_prompt_indices(
+            len(self._prompt_source), args.generation_batch_size // self.num_generations, self.num_generations, seed
+        )
+        start = self.accelerator.process_index * local
+        return self.data_collator([self._prompt_source[i] for i in indices[start : start + local]])
+
+    def _gather_batch(self, output: dict, rewards: torch.Tensor, logs: dict) -> dict:
+        """Every process's rows of one generation batch (the same on every rank), with its rewards and log rows."""
+        unknown = sorted(
+            k for k, v in output.items() if v is not None and k not in (*_ROW_ENTRIES, "num_items_in_batch")
+        )
+        if unknown:
+            raise ValueError(f"dynamic_sampling cannot rebuild a batch holding {unknown} (multimodal inputs)")
+        tensors = {}
+        for key, (left, value) in _ROW_ENTRIES.items():
+            tensor = output.get(key)
+            if tensor is None:
+                continue
+            if self.accelerator.num_processes > 1:
+                if tensor.dim() > 1:
+                    value = self._tokenizer.pad_token_id if value is None else value
+                    tensor = self.accelerator.pad_across_processes(tensor, dim=1, pad_index=value, pad_first=left)
+                tensor = self.accelerator.gather(tensor)
+            tensors[key] = tensor
+        return {"tensors": tensors, "rewards": rewards, "logs": logs}
+
+    def _build_batch(self, batches: list[dict], chosen: list[int], group: int) -> dict:
+        """This process's slice of the training batch made of the `chosen` groups (indices into all batches)."""
+        rows = [g * group + j for g in chosen for j in range(group)]
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        local = len(rows) // world
+        mine = torch.tensor(rows[rank * local : (rank + 1) * local])
+        everyone = torch.tensor(rows)
+        output = {}
+        for key in batches[0]["tensors"]:
+            left, value = _ROW_ENTRIES[key]
+            value = self._tokenizer.pad_token_id if value is None else value
+            blocks = [batch["tensors"][key] for batch in batches]
+            output[key] = pad_and_concat(blocks, value, left)[mine.to(blocks[0].device)]
+        output = trim_padding(output, self.pad_to_multiple_of)
+        # Token-mean losses divide by the loss tokens of the whole generation batch (every process): recount them.
+        masks = [b["tensors"]["completion_mask"] * b["tensors"].get("tool_mask", 1) for b in batches]
+        counts = torch.cat([m.sum(dim=1) for m in masks])[everyone.to(masks[0].device)]
+        output["num_items_in_batch"] = counts.sum()
+        # AblationGRPOTrainer recomputes the advantages from the trained groups' rewards (N_global, n_funcs).
+        self._gathered_rewards = torch.cat([b["rewards"] for b in batches])[everyone.to(batches[0]["rewards"].device)]
+        sizes = [b["tensors"]["completion_ids"].size(0) for b in batches]
+        self._restore_logs([b["logs"] for b in batches], sizes, rows)
+        return output
+
+    def _restore_logs(self, logs: list[dict], sizes: list[int], rows: list[int]) -> None:
+        """Refill TRL's completion-table buffers with the trained rows (prompt, completion, rewards, advantage)."""
+
+        def pick(per_batch: list[list]) -> list:
+            # A column a batch did not log (a reward's `log_extra` skipped) reads None there.
+            flat = [
+                v
+                for values, n in zip(per_batch, sizes, strict=True)
+                for v in (values if len(values) == n else [None] * n)
+            ]
+            return [flat[i] for i in rows]
+
+        for key in _LOG_KEYS:
+            if any(log[key] for log in logs):
+                self._logs[key].extend(pick([log[key] for log in logs]))
+        for key in ("rewards", "extra"):
+            for name in sorted({name for log in logs for name in log[key]}):
+                self._logs[key][name].extend(pick([log[key].get(name, []) for log in logs]))
+
+    def _take_logs(self) -> dict:
+        """Empty TRL's completion-table buffers (`self._logs`) and return what they held."""
+        taken = {}
+        for key in _LOG_KEYS:
+            taken[key] = list(self._logs[key])
+            self._logs[key].clear()
+        for key in ("rewards", "extra"):
+            taken[key] = {name: list(values) for name, values in self._logs[key].items()}
+            self._logs[key].clear()
+        return taken
+
+
+def trim_padding(batch: dict, multiple: int | None = None) -> dict:
+    """Drop the prompt columns that are padding in every row (left) and the completion columns after every row's
+    last completion token (right), keeping widths multiples of `multiple` when set; returns a new dict.
+
+    Rows taken from wider batches carry their padding along; TRL pads a batch to its own longest prompt and
+    completion, and so the built batch must be (left padding shifts positions, so it changes the forward).
+
+    Args:
+        batch: entries of `_ROW_ENTRIES`; `prompt_mask` `(B, P)`, `completion_mask` `(B, T)`.
+        multiple: TRL's `pad_to_multiple_of`.
+    """
+
+    def width(mask: torch.Tensor, from_left: bool) -> int:
+        used = mask.any(dim=0).nonzero().flatten()
+        if used.numel() == 0:
+            n = 1
+        else:
+            n = mask.size(1) - int(used[0]) if from_left else int(used[-1]) + 1
+        if multiple:
+            n = -(-n // multiple) * multiple
+        return min(n, mask.size(1))
+
+    widths = {True: batch["prompt_mask"].size(1), False: batch["completion_mask"].size(1)}
+    keep = {True: width(batch["prompt_mask"], from_left=True), False: width(batch["completion_mask"], from_left=False)}
+    trimmed = dict(batch)
+    for key, (left, _) in _ROW_ENTRIES.items():
+        tensor = batch.get(key)
+        # 1-D entries and the (B, 1) sequence-level importance ratio have no padding columns.
+        if tensor is None or tensor.dim() < 2 or tensor.size(1) != widths[left]:
+            continue
+        trimmed[key] = tensor[:, widths[left] - keep[left] :] if left else tensor[:, : keep[left]]
+    return trimmed
+
+
+def _check_train_dataset(dataset) -> None:
+    """Dynamic sampling draws extra prompts by index: refuse datasets without `len` and indexing, or with images."""
+    if dataset is None:
+        return
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise ValueError(
+            f"dynamic_sampling draws extra prompts by index; the train_dataset ({type(dataset).__name__}) is iterable "
+            "only. Use a map-style dataset (datasets.Dataset) or turn dynamic_sampling off"
+        )
+    columns = set(getattr(dataset, "column_names", None) or [])
+    if columns & {"image", "images"}:
+        raise ValueError("dynamic_sampling does not support multimodal datasets (image / images columns)")
