@@ -1,4 +1,4 @@
-"""Shared fixtures: the reference data beside the checkout, tokenizers and tiny models built offline."""
+"""Shared fixtures: the reference data in tests/data, tokenizers and tiny models built offline."""
 
 from __future__ import annotations
 
@@ -15,21 +15,32 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The reference data lives beside a developer's checkout (../shared/data); a user's clone lacks it.
-SHARED_DATA = Path(os.environ.get("TRL_EXT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+# The real-data subset the tests read ships in tests/data (its README gives provenance and licenses).
+TEST_DATA = Path(__file__).resolve().parent / "data"
+# A fuller copy with the same layout (e.g. ../shared/data) may be named here; what it lacks comes from tests/data.
+SHARED_DATA = Path(os.environ["TRL_EXT_SHARED_DATA"]) if os.environ.get("TRL_EXT_SHARED_DATA") else None
 
 
 def shared_path(*parts: str) -> Path:
-    """Path under the shared reference data; skips the calling test (with the reason) when it is absent."""
-    path = SHARED_DATA.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"reference data not found: {path} (set TRL_EXT_SHARED_DATA to the shared/data folder)")
-    return path
+    """Path of a reference data file: under `$TRL_EXT_SHARED_DATA` when set and present there, else under tests/data.
+
+    Raises:
+        FileNotFoundError: the file is in neither place (a test reading a file nobody shipped must fail, not skip).
+    """
+    roots = [root for root in (SHARED_DATA, TEST_DATA) if root is not None]
+    for root in roots:
+        path = root.joinpath(*parts)
+        if path.exists():
+            return path
+    raise FileNotFoundError(
+        f"reference data {'/'.join(parts)} is in none of {[str(r) for r in roots]}; add a compact subset under "
+        "tests/data with a provenance and license line in tests/data/README.md"
+    )
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    return shared_path()
+    return TEST_DATA
 
 
 @pytest.fixture(scope="session")

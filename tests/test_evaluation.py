@@ -171,7 +171,7 @@ def test_missing_data_file_fails_before_model_load(tmp_path):
 def test_evaluate_tiny_model_writes_consistent_files(tmp_path, char_tokenizer, tiny_model):
     from trl_ext.evaluation import score_response
 
-    data = shared_path("countdown", "test.parquet")
+    data = shared_path("countdown", "dev.parquet")
     cfg = EvalConfig(
         model="tiny", task="countdown", data_file=str(data), prompt="compact", n=4, limit=3,
         max_tokens="6,12", output_dir=str(tmp_path / "out"), batch_size=16, seed=1,

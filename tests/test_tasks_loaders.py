@@ -222,13 +222,14 @@ def test_math500_ground_truth_is_the_answer_field(shared_data):
 
 
 def test_math12k_train(shared_data):
-    path = shared_path("math", "math12k_train.jsonl")
+    """The subset holds the first 16 train rows, then upstream rows 1165 and 8125, the two with an empty answer."""
+    path = shared_path("math", "math12k_train_subset.jsonl")
     raw = read_jsonl(path)
-    # Two upstream rows have an empty answer: they are dropped with a warning that names them, the rest load.
-    with pytest.warns(UserWarning, match=r"dropped 2 row\(s\) with an empty 'answer'.*rows \[1165, 8125\]"):
+    # The two empty-answer rows are dropped with a warning that names them (rows 16 and 17 here), the rest load.
+    with pytest.warns(UserWarning, match=r"dropped 2 row\(s\) with an empty 'answer'.*rows \[16, 17\]"):
         dataset = load_task("math", path, prompt="question_only")
-    kept = [row for i, row in enumerate(raw) if i not in (1165, 8125)]
-    assert len(raw) == 12000 and len(dataset) == len(kept) == 11998
+    kept = raw[:16]
+    assert len(raw) == 18 and len(dataset) == len(kept) == 16
     assert dataset.column_names == ["prompt", "question", "ground_truth"]
     assert dataset["prompt"][:20] == [row["problem"] for row in kept[:20]]
     assert dataset["ground_truth"] == [row["answer"] for row in kept]
