@@ -111,16 +111,22 @@ def test_plot_two_runs_one_line_per_run_per_panel(two_runs, tmp_path):
         "grad norm": "grad_norm",
         "response length (tokens)": "completions/mean_length",
     }
+    # 8 panels x (step, wall-clock); the grid's unused cells are hidden
+    titles = {f"{title} vs {x}" for title, _ in PANELS for x in ("step", "wall-clock")}
+    assert set(axes) == titles
     for title, key in expected.items():
-        for x_axis in ("step", "wall-clock"):
+        for x_axis, x_label in (("step", "step"), ("wall-clock", "wall-clock (s)")):
             ax = axes[f"{title} vs {x_axis}"]
+            assert ax.get_xlabel() == x_label
             lines = {line.get_label(): line for line in ax.get_lines()}
             assert set(lines) == set(RUNS), (title, x_axis)  # one line per run, named after the run folder
             for name, line in lines.items():
-                logged = [(e["step"], e[key]) for e in histories[name] if key in e]
-                assert list(line.get_ydata()) == pytest.approx([v for _, v in logged]), (title, name)
-                if x_axis == "step":
-                    assert list(line.get_xdata()) == [s for s, _ in logged]
+                # wall-clock seconds of each log entry, from the function checked by hand in the next test
+                times = wall_clock(histories[name])
+                logged = [(e["step"], t, e[key]) for e, t in zip(histories[name], times, strict=True) if key in e]
+                assert list(line.get_ydata()) == pytest.approx([v for _, _, v in logged]), (title, name)
+                want_x = [s for s, _, _ in logged] if x_axis == "step" else [t for _, t, _ in logged]
+                assert list(line.get_xdata()) == pytest.approx(want_x), (title, x_axis, name)
     # 4 steps, validation every step (grpo_clip) / every 2 steps (reinforce); train points at 1..4
     xs = {ln.get_label(): list(ln.get_xdata()) for ln in axes["validation reward vs step"].get_lines()}
     assert xs == {"grpo_clip": [1, 2, 3, 4], "reinforce": [2, 4]}
@@ -130,10 +136,19 @@ def test_plot_two_runs_one_line_per_run_per_panel(two_runs, tmp_path):
     # clip fraction: only grpo_clip logs TRL's clip_ratio/region_mean, so the panel has that one line
     assert [ln.get_label() for ln in axes["clip fraction vs step"].get_lines()] == ["grpo_clip"]
 
+    # the CSV holds exactly the numbers drawn: for each run and panel, the step line's points and the wall-clock x
     rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
-    eval_rows = [r for r in rows if r["run"] == "reinforce" and r["key"] == "eval_reward"]
-    logged = [e["eval_reward"] for e in histories["reinforce"] if "eval_reward" in e]
-    assert [float(r["value"]) for r in eval_rows] == pytest.approx(logged)
+    drawn = set()
+    for title, _ in PANELS:
+        by_step = {ln.get_label(): ln for ln in axes[f"{title} vs step"].get_lines()}
+        by_time = {ln.get_label(): ln for ln in axes[f"{title} vs wall-clock"].get_lines()}
+        for name in by_step:
+            got = [r for r in rows if r["run"] == name and r["panel"] == title]
+            assert [int(r["step"]) for r in got] == list(by_step[name].get_xdata()), (title, name)
+            assert [float(r["value"]) for r in got] == pytest.approx(list(by_step[name].get_ydata()))
+            assert [float(r["wall_clock_s"]) for r in got] == pytest.approx(list(by_time[name].get_xdata()))
+            drawn.add((name, title))
+    assert {(r["run"], r["panel"]) for r in rows} == drawn
 
 
 def test_wall_clock_rebuilt_from_step_time_and_eval_runtime(two_runs):
@@ -193,15 +208,25 @@ def test_plot_cli_and_missing_run(two_runs, tmp_path):
     out = tmp_path / "c.png"
     result = runner.invoke(app, ["plot", *(str(two_runs[n][0]) for n in RUNS), "-o", str(out), "--labels", "A,B"])
     assert result.exit_code == 0, result.output
-    assert out.exists() and "A" in out.with_suffix(".csv").read_text()
+    rows = list(csv.DictReader(open(out.with_suffix(".csv"))))
+    # --labels renames the runs in order: A is grpo_clip, whose validation rewards are those it logged
+    assert {r["run"] for r in rows} == {"A", "B"}
+    logged = [e["eval_reward"] for e in two_runs["grpo_clip"][1].state.log_history if "eval_reward" in e]
+    assert [float(r["value"]) for r in rows if r["run"] == "A" and r["key"] == "eval_reward"] == pytest.approx(logged)
     bad = runner.invoke(app, ["plot", str(tmp_path / "nope")])
     assert bad.exit_code != 0 and "run folder not found" in bad.output
 
 
 def test_pass_at_n_figure(tmp_path):
-    summary = {"pass_at_n": {"1": 0.25, "4": 0.5}, "best_at_n": {"1": 0.25, "4": 0.3}}
-    fig = plot_pass_at_n(summary, tmp_path / "p.png")
-    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in fig.axes[0].get_lines()}
-    assert lines == {"pass@N": ([1, 4], [0.25, 0.5]), "Best@N": ([1, 4], [0.25, 0.3])}
+    """The curves are the summary's numbers in the order of N; "16" < "4" as strings, so a string sort shows up."""
+    summary = {"pass_at_n": {"1": 0.25, "16": 0.75, "4": 0.5}, "best_at_n": {"1": 0.25, "16": 0.4, "4": 0.3}}
+    json.loads(json.dumps(summary))  # the JSON form `trl-ext eval` writes (string keys)
+    fig = plot_pass_at_n(summary, tmp_path / "p.png", title="m gsm8k L256")
+    (ax,) = fig.axes
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+    assert lines == {"pass@N": ([1, 4, 16], [0.25, 0.5, 0.75]), "Best@N": ([1, 4, 16], [0.25, 0.3, 0.4])}
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), ax.get_xscale()) == (
+        "N (samples)", "accuracy", "m gsm8k L256", "log",
+    )  # fmt: skip
+    assert ax.get_ylim() == pytest.approx((-0.02, 1.02))  # accuracy axis fixed to [0, 1], comparable across runs
     assert (tmp_path / "p.png").stat().st_size > 0
-    assert json.dumps(summary)  # the summary format evaluation writes

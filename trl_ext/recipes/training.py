@@ -28,12 +28,10 @@ def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
 
 def add_rollout_logging(trainer, every_n_steps: int):
     """Attach `trl_ext.callbacks.RolloutSamplesCallback` (example rollouts to `<output_dir>/rollouts.jsonl` every
-    `every_n_steps` steps) when that module is installed; returns the callback or None."""
+    `every_n_steps` steps); returns the callback, or None when `every_n_steps` is 0."""
+    from trl_ext.callbacks import RolloutSamplesCallback
+
     if not every_n_steps:
-        return None
-    try:
-        from trl_ext.callbacks import RolloutSamplesCallback
-    except ImportError:
         return None
     callback = RolloutSamplesCallback(trainer, every_n_steps=every_n_steps)
     trainer.add_callback(callback)
