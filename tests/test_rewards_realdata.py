@@ -1,6 +1,6 @@
 """The rewards on the real reference sets: MATH500 and GSM8K answers, Countdown dev problems (numpy columns).
 
-Skipped with a reason when `../shared/data` is absent.
+The real sets in tests/data (tests/data/README.md: provenance, licenses), read through conftest.shared_path.
 """
 
 from __future__ import annotations

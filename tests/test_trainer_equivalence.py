@@ -53,7 +53,7 @@ def test_matches_trl_builtin(char_tokenizer, tmp_path, name, num_iterations):
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
 def test_matches_trl_builtin_with_the_qwen3_vocabulary(qwen3_tokenizer, tmp_path, name):
-    # The real 151,669-token vocabulary (skipped without ../shared/data): the same tiny network, a wide LM head.
+    # The real 151,669-token vocabulary (tests/data/qwen3_tokenizer): the same tiny network, a wide LM head.
     _check_matches_trl_builtin(qwen3_tokenizer, tmp_path, name, num_iterations=2)
 
 
