@@ -1,0 +1,389 @@
+"""Peak GPU memory of one training process, estimated from the model config, batch, lengths and precision (pure).
+
+A step of GRPO training goes through three phases; the estimate is the largest of them plus a fixed allowance
+for the CUDA context and allocator slack (`RUNTIME_OVERHEAD_GIB`):
+
+- train: weights + gradients + optimizer states + activations of one micro-batch + TRL's log-prob head
+  (+ DDP's gradient buckets; + the colocated vLLM share unless it sleeps); the optimizer step adds the foreach
+  temporaries of `torch.optim.AdamW` (one state-sized buffer; none for the fused or 8-bit optimizers).
+- generation: weights + optimizer states (gradients are freed after the step) + the generator: nothing on the
+  training GPU in server mode, the colocated vLLM share (`vllm_gpu_memory_utilization x GPU memory`), or the
+  transformers KV cache of the process's whole rollout slice.
+- eval: the generation phase plus a no-grad forward of one validation batch.
+
+Bytes per parameter (P parameters, W processes; ZeRO after https://arxiv.org/abs/1910.02054, K = optimizer bytes):
+
+    precision                     weights  gradients  optimizer (AdamW)
+    fp32_master (fp32 + autocast)   4 P      4 P        8 P  (8-bit AdamW: 2 P)
+    pure_bf16 (bf16 everything)     2 P      2 P        4 P  (8-bit AdamW: 2 P)
+    DeepSpeed ZeRO-2 (bf16)         2 P      2 P / W    (4 + K) P / W   (fp32 master copy + states, sharded)
+    DeepSpeed ZeRO-3 (bf16)         2 P / W  2 P / W    (4 + K) P / W   + two gathered layers and the embedding
+
+LoRA (`use_peft`) keeps the base weights frozen in their dtype; only the adapters, `r x (in + out)` per targeted
+linear layer, have fp32 weights, gradients and states.
+
+Activations of a micro-batch of N = b x (prompt + completion) tokens, per layer and token (bytes; residual stream in
+the weight dtype, layer internals in bf16 under autocast): `4 H x res + 2 x (3 q + 3 kv + 2 H + 5 I)`. With gradient
+checkpointing only each layer's input (`N x H x res`) is kept, plus two layers' worth during recomputation. A
+no-grad forward (validation) holds one layer at a time: `2 H x res + 2 x (2 q + 2 kv + 3 I)` per token.
+
+Log-prob head: TRL 1.16 never builds the `(tokens, vocab)` logits (`trl.kernels.ChunkedLogProbFunction`): it
+projects tiles of 4096 tokens x 32768 vocabulary entries and, in the backward, accumulates the LM head's gradient in
+fp32 (`V x H x 4` bytes; 1.2 GiB for Qwen3's 151,936 x 2048) plus fp32 gradients of the scored hidden states.
+Materialised fp32 logits would cost `tokens x V x 4` (Qwen3-1.7B, 2 x 1024 completion tokens: 1.2 GiB; 256 x 1024
+in one validation batch: 148 GiB); the estimate reports that number for reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from trl_ext.preflight.models import ModelShape
+
+GIB = 1 << 30
+# CUDA context, cuBLAS workspaces and caching-allocator fragmentation, not visible to the tensor accounting.
+RUNTIME_OVERHEAD_GIB = 1.5
+# trl/kernels/chunked_logprob.py (TRL 1.16): TOKEN_CHUNK_SIZE, and _CHUNKED_LOGPROB_CHUNK_SIZE in trl/trainer/utils.py.
+LOGPROB_TOKEN_CHUNK = 4096
+LOGPROB_VOCAB_CHUNK = 32768
+PRECISIONS = ("fp32_master", "pure_bf16")
+GENERATORS = ("server", "colocate", "transformers")
+# Optimizer name (HF `optim`) -> (bytes of state per trainable parameter given the weight bytes, foreach temporary).
+_EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit", "lion_8bit", "paged_lion_8bit")
+
+
+def optimizer_state_bytes(optim: str, weight_bytes: int) -> tuple[float, float]:
+    """Bytes per trainable parameter of the optimizer's states, and of its step's foreach temporaries.
+
+    `torch.optim.AdamW` keeps `exp_avg` and `exp_avg_sq` in the weight dtype; its default foreach step allocates
+    one more state-sized buffer (`_foreach_sqrt(exp_avg_sq)`), which the fused kernel does not. bitsandbytes' 8-bit
+    optimizers keep both states in one byte each. Unknown optimizers are counted as AdamW.
+    """
+    name = optim.lower()
+    if name in _EIGHT_BIT:
+        return 2.0, 0.0
+    if name.startswith("sgd"):
+        return 0.0, 0.0
+    if name in ("adafactor",):
+        return 0.1 * weight_bytes, 0.0  # factored second moment: rows + columns, a small fraction of P
+    fused = "fused" in name
+    return 2.0 * weight_bytes, 0.0 if fused else float(weight_bytes)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What one training process holds; every field is a recipe / accelerate setting (see `setup_from_recipe`).
+
+    Attributes:
+        precision: `fp32_master` (load fp32, bf16 autocast) or `pure_bf16` (weights, gradients, states in bf16).
+        zero_stage: DeepSpeed ZeRO stage (0: no DeepSpeed); DeepSpeed keeps bf16 weights and an fp32 master copy.
+        world_size: training processes W (ZeRO shards over them).
+        ddp: PyTorch DDP with W > 1 (a second, bucketed copy of the gradients).
+        optim: HF `optim` name.
+        lora_rank: LoRA rank when training adapters through peft, else None.
+        gradient_checkpointing: recompute layer internals in the backward.
+        micro_batch: `per_device_train_batch_size`.
+        prompt_tokens, completion_tokens: longest prompt and `max_completion_length` (batches are padded to them).
+        eval_batch: `per_device_eval_batch_size` (0: no validation), eval_generations: completions per prompt.
+        generator: `server` (vLLM on other GPUs), `colocate` (vLLM on this GPU), `transformers` (`generate`).
+        generation_batch: completions one process generates at once with the transformers backend.
+        vllm_gpu_memory_utilization: colocated vLLM's share of this GPU.
+        vllm_sleep: colocated vLLM sleeps (frees its weights and KV cache) while training.
+        gpu_memory_gib: memory of one GPU (needed for the colocated share).
+    """
+
+    precision: str = "fp32_master"
+    zero_stage: int = 0
+    world_size: int = 1
+    ddp: bool = False
+    optim: str = "adamw_torch"
+    lora_rank: int | None = None
+    gradient_checkpointing: bool = True
+    micro_batch: int = 2
+    prompt_tokens: int = 256
+    completion_tokens: int = 1024
+    eval_batch: int = 0
+    eval_generations: int = 1
+    generator: str = "server"
+    generation_batch: int = 0
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_sleep: bool = False
+    gpu_memory_gib: float | None = None
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}; choose one of {PRECISIONS}")
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator={self.generator!r}; choose one of {GENERATORS}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage}; choose 0, 1, 2 or 3")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated bytes of one training process, per phase and component.
+
+    Attributes:
+        phases: `{phase: {component: bytes}}` for `train`, `optimizer step`, `generation`, `eval`.
+        overhead: the fixed runtime allowance in bytes.
+        full_logits_bytes: what materialised fp32 logits of one micro-batch would take (for reference).
+    """
+
+    phases: dict[str, dict[str, float]]
+    overhead: float = RUNTIME_OVERHEAD_GIB * GIB
+    full_logits_bytes: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    def phase_total(self, phase: str) -> float:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_total)
+
+    @property
+    def tensors_bytes(self) -> float:
+        """The largest phase: what `torch.cuda.max_memory_allocated` should come close to."""
+        return self.phase_total(self.peak_phase)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Tensors plus the runtime allowance: compare with the GPU's memory."""
+        return self.tensors_bytes + self.overhead
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def render(self) -> list[str]:
+        peak = self.peak_phase
+        parts = ", ".join(f"{name} {value / GIB:.2f}" for name, value in self.phases[peak].items() if value)
+        lines = [
+            f"peak {self.peak_gib:.1f} GiB in the {peak} phase = {parts} + runtime {self.overhead / GIB:.1f} (GiB)",
+            "phases: " + ", ".join(f"{name} {self.phase_total(name) / GIB:.1f}" for name in self.phases) + " GiB",
+        ]
+        return lines + list(self.notes)
+
+
+def _activation_bytes_per_token_layer(shape: ModelShape, residual_bytes: int) -> int:
+    """Bytes one token keeps for the backward in one decoder layer (module docstring)."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    return 4 * h * residual_bytes + 2 * (3 * shape.q_dim + 3 * shape.kv_dim + 2 * h + 5 * i)
+
+
+def _forward_bytes_per_token(shape: ModelShape, residual_bytes: int) -> int:
+    """Bytes one token holds at the peak of a no-grad layer forward: residual in and out, and the bf16 q / k / v /
+    attention output and the MLP's gate, up and their product."""
+    return 2 * shape.hidden_size * residual_bytes + 2 * (
+        2 * shape.q_dim + 2 * shape.kv_dim + 3 * shape.intermediate_size
+    )
+
+
+def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
+    """Peak memory of one training process (module docstring: the formulas and what they leave out)."""
+    p, w = shape.params, setup.world_size
+    zero = setup.zero_stage
+    weight_bytes = 2 if (setup.precision == "pure_bf16" or zero) else 4
+    lora = setup.lora_rank is not None
+    trainable = shape.lora_params(setup.lora_rank) if lora else p
+    train_bytes = 4 if lora else weight_bytes  # peft keeps adapters in fp32 (autocast_adapter_dtype)
+    state, foreach = optimizer_state_bytes(setup.optim, train_bytes)
+
+    weights = float(p * weight_bytes) + (trainable * 4 if lora else 0)
+    grads = float(trainable * train_bytes)
+    optimizer = float(trainable * state)
+    temp = float(trainable * foreach)
+    buckets = 0.0
+    if zero >= 1:
+        # DeepSpeed: bf16 weights, fp32 master copy + states sharded over W; ZeRO-2/3 shard the gradients too.
+        optimizer = trainable * (4 + state) / w
+        temp = 0.0
+        if zero >= 2:
+            grads = trainable * 2 / w
+        if zero == 3:
+            weights = p * 2 / w
+            buckets = 2.0 * (2 * shape.layer_params + shape.embedding_params)  # gathered layers, embedding
+    elif setup.ddp and w > 1:
+        buckets = grads
+
+    residual = 2 if weight_bytes == 2 else 4
+    tokens = setup.micro_batch * (setup.prompt_tokens + setup.completion_tokens)
+    per_layer = _activation_bytes_per_token_layer(shape, residual)
+    if setup.gradient_checkpointing:
+        activations = tokens * (shape.num_layers * shape.hidden_size * residual + 2 * per_layer)
+    else:
+        activations = tokens * shape.num_layers * per_layer
+    scored = setup.micro_batch * setup.completion_tokens
+    head_grad = 0 if lora else shape.embedding_params * 4
+    logprob_head = head_grad + scored * shape.hidden_size * (4 + residual) + _tile_bytes(scored)
+
+    vllm_share = 0.0
+    if setup.generator == "colocate":
+        if setup.gpu_memory_gib is None:
+            vllm_share = 0.0
+        else:
+            vllm_share = setup.vllm_gpu_memory_utilization * setup.gpu_memory_gib * GIB
+    awake_while_training = vllm_share if not setup.vllm_sleep else 0.0
+
+    resident = {"weights": weights, "optimizer states": optimizer}
+    if buckets:
+        resident["ZeRO-3 gathered params" if zero == 3 else "DDP gradient buckets"] = buckets
+    train = {
+        **resident,
+        "gradients": grads,
+        "activations": float(activations),
+        "log-prob head": float(logprob_head),
+    }
+    if awake_while_training:
+        train["colocated vLLM"] = awake_while_training
+    step = {**resident, "gradients": grads, "optimizer step temporaries": temp}
+    if awake_while_training:
+        step["colocated vLLM"] = awake_while_training
+    generator = _generator_bytes(shape, setup, setup.generation_batch, vllm_share)
+    generation = {**resident, **generator}
+    phases = {"train": train, "optimizer step": step, "generation": generation}
+    if setup.eval_batch:
+        eval_sequences = setup.eval_batch * setup.eval_generations
+        eval_tokens = eval_sequences * (setup.prompt_tokens + setup.completion_tokens)
+        eval_scored = eval_sequences * setup.completion_tokens
+        # TRL's prediction_step runs the loss forward on the whole batch without gradients: one layer's internals,
+        # the residual stream in and out, the scored hidden states and one head tile at a time.
+        forward = eval_tokens * _forward_bytes_per_token(shape, residual)
+        forward += eval_scored * shape.hidden_size * residual + _tile_bytes(eval_scored)
+        phases["eval"] = {
+            **resident,
+            **_generator_bytes(shape, setup, eval_sequences, vllm_share),
+            "validation forward": float(forward),
+        }
+    notes = []
+    if setup.generator == "colocate" and setup.gpu_memory_gib is None:
+        notes.append("colocated vLLM share not counted: GPU memory unknown (pass --gpu-memory-gb)")
+    return MemoryEstimate(phases=phases, full_logits_bytes=float(scored * shape.vocab_size * 4), notes=tuple(notes))
+
+
+def _tile_bytes(scored_tokens: int) -> float:
+    """One `(tokens, vocab)` tile of TRL's chunked log-prob kernel in bf16."""
+    return float(min(scored_tokens, LOGPROB_TOKEN_CHUNK) * LOGPROB_VOCAB_CHUNK * 2)
+
+
+def _generator_bytes(shape: ModelShape, setup: TrainingSetup, sequences: int, vllm_share: float) -> dict[str, float]:
+    if setup.generator == "colocate":
+        return {"colocated vLLM": vllm_share}
+    if setup.generator == "server":
+        return {}
+    # transformers generate(): a bf16 KV cache for every sequence of the batch at full length, plus the fp32
+    # logits and probabilities of the last position.
+    length = setup.prompt_tokens + setup.completion_tokens
+    kv = sequences * length * shape.kv_bytes_per_token(2)
+    logits = sequences * shape.vocab_size * 4 * 2
+    return {"KV cache (transformers generate)": float(kv + logits)}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One change to a recipe that lowers the estimate: the flags to pass and the estimate they give."""
+
+    flags: str
+    estimate: MemoryEstimate
+    caveat: str = ""
+
+    def render(self) -> str:
+        caveat = f" ({self.caveat})" if self.caveat else ""
+        return f"{self.flags} -> {self.estimate.peak_gib:.1f} GiB{caveat}"
+
+
+def _candidates(setup: TrainingSetup) -> list[tuple[str, TrainingSetup, str]]:
+    out: list[tuple[str, TrainingSetup, str]] = []
+    if not setup.gradient_checkpointing:
+        out.append(("--gradient_checkpointing true", replace(setup, gradient_checkpointing=True), ""))
+    batch = setup.micro_batch // 2
+    while batch >= 1:
+        out.append(
+            (
+                f"--per_device_train_batch_size {batch}",
+                replace(setup, micro_batch=batch),
+                "GA follows from train_batch_size",
+            )
+        )
+        batch //= 2
+    if setup.eval_batch > 1:
+        batch = setup.eval_batch // 2
+        while batch >= 1:
+            out.append((f"--per_device_eval_batch_size {batch}", replace(setup, eval_batch=batch), ""))
+            batch //= 4
+    if setup.optim.lower() not in _EIGHT_BIT and not setup.zero_stage:
+        if "fused" not in setup.optim and optimizer_state_bytes(setup.optim, 4)[1]:
+            out.append(("--optim adamw_torch_fused", replace(setup, optim="adamw_torch_fused"), "same AdamW math"))
+        out.append(("--optim adamw_bnb_8bit", replace(setup, optim="adamw_bnb_8bit"), "needs bitsandbytes"))
+    if setup.generator == "colocate":
+        if not setup.vllm_sleep:
+            out.append(("--vllm_enable_sleep_mode true", replace(setup, vllm_sleep=True), ""))
+        for share in (0.2, 0.15):
+            if share < setup.vllm_gpu_memory_utilization:
+                out.append(
+                    (
+                        f"--vllm_gpu_memory_utilization {share}",
+                        replace(setup, vllm_gpu_memory_utilization=share),
+                        "less KV cache: slower generation",
+                    )
+                )
+    if setup.lora_rank is None:
+        out.append(
+            (
+                "--use_peft true --lora_r 64 --lora_target_modules all-linear",
+                replace(setup, lora_rank=64),
+                "trains LoRA adapters, not the full model",
+            )
+        )
+    if setup.precision == "fp32_master" and not setup.zero_stage:
+        out.append(
+            (
+                "--dtype bfloat16 (pure bf16)",
+                replace(setup, precision="pure_bf16"),
+                "lr 1e-5 updates below half a bf16 ulp are lost (docs/gpu.md)",
+            )
+        )
+    return out
+
+
+def knobs_to_fit(shape: ModelShape, setup: TrainingSetup, budget_gib: float) -> list[Knob]:
+    """Single changes that bring the estimate under `budget_gib`, else the greedy combination that does.
+
+    Candidates, mildest first: gradient checkpointing, smaller micro-batch, smaller validation batch, fused or
+    8-bit AdamW, colocated vLLM sleep mode or smaller share, LoRA, pure bf16 (last: it loses small updates).
+    """
+    fits = []
+    for flags, candidate, caveat in _candidates(setup):
+        estimate = estimate_memory(shape, candidate)
+        if estimate.peak_gib <= budget_gib:
+            fits.append(Knob(flags, estimate, caveat))
+    if fits:
+        seen: set[str] = set()
+        unique = []
+        for knob in fits:  # one micro-batch / eval-batch size each: the largest that fits
+            key = knob.flags.split()[0]
+            if key not in seen:
+                seen.add(key)
+                unique.append(knob)
+        return unique
+    combined, flags = setup, []
+    for flag, candidate, _caveat in _candidates(setup):
+        key = flag.split()[0]
+        if any(f.split()[0] == key for f in flags):
+            continue
+        trial = _merge(combined, candidate, setup)
+        if estimate_memory(shape, trial).peak_bytes < estimate_memory(shape, combined).peak_bytes:
+            combined, flags = trial, [*flags, flag]
+            if estimate_memory(shape, combined).peak_gib <= budget_gib:
+                return [Knob(" ".join(flags), estimate_memory(shape, combined), "all of these together")]
+    return []
+
+
+def _merge(current: TrainingSetup, candidate: TrainingSetup, original: TrainingSetup) -> TrainingSetup:
+    """`current` plus the one field `candidate` changed relative to `original`."""
+    changes = {
+        name: getattr(candidate, name)
+        for name in TrainingSetup.__dataclass_fields__
+        if getattr(candidate, name) != getattr(original, name)
+    }
+    return replace(current, **changes)

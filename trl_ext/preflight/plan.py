@@ -1,0 +1,374 @@
+"""The preflight of one GRPO run: every check before anything starts, and the plan it prints.
+
+`check_recipe` takes a parsed recipe (the same `trl_ext.recipes.parse_recipe_args` the entry points use) and where
+it will run (`RunContext`: processes, GPUs, memory limit), and returns a `Preflight`: the batch layout for the
+actual world size, the peak-memory estimate against the limit, the ports, the output_dir decision, wandb's mode,
+the model and data sources and the packages the settings need. `Preflight.render()` is the plan the recipe entry
+points and `trl-ext launch` (dry-run too) print; `raise_if_failed()` raises one `PreflightError` listing every
+problem with its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trl_ext.preflight.batch import BatchLayout, check_batches, suggest_batch_fixes
+from trl_ext.preflight.environment import (
+    PortChoice,
+    WandbStatus,
+    check_data_source,
+    check_model_source,
+    check_packages,
+    choose_port,
+    port_is_free,
+    resolve_wandb,
+)
+from trl_ext.preflight.memory import MemoryEstimate, TrainingSetup, estimate_memory, knobs_to_fit
+from trl_ext.preflight.models import ModelShape, load_model_shape
+from trl_ext.preflight.problems import PreflightError, Problem
+from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
+
+# Longest prompt in tokens (Qwen tokenizer, chat template where the recipe uses it) of each task's shipped data,
+# measured on ../shared/data: Countdown train_10k (countdown prompt, chat 266; tinyzero 99), GSM8K train (299),
+# MATH12k train (r1_zero 1742). Batches are padded to their longest prompt, so the maximum is what memory sees.
+PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742}
+DEFAULT_PROMPT_TOKENS = 512
+TRL_GROUP_PORT = 51216
+TRL_SERVER_PORT = 8000
+
+
+def cli_overrides(argv: Sequence[str]) -> dict[str, str]:
+    """`--key value`, `--key=value` and bare `--flag` (= "true") of a recipe command line, `--config` aside."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--"):
+            key, has_value, value = token[2:].partition("=")
+            key = key.replace("-", "_")
+            if not has_value:
+                if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    value = argv[i + 1]
+                    i += 1
+                else:
+                    value = "true"
+            if key != "config":
+                out[key] = value
+        i += 1
+    return out
+
+
+def stated_values(config: str | Path | None, argv: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields a recipe states: its YAML chain (`base:` resolved, `env` dropped) updated by the flags."""
+    from trl_ext.recipes import load_recipe_yaml
+
+    values = dict(load_recipe_yaml(config)) if config is not None else {}
+    values.pop("env", None)
+    values.update(cli_overrides(argv))
+    return values
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a recipe runs.
+
+    Attributes:
+        world_size: training processes.
+        distributed_type: accelerate's `distributed_type` (`NO`, `MULTI_GPU`, `DEEPSPEED`, ...).
+        zero_stage: DeepSpeed ZeRO stage (0 without DeepSpeed).
+        train_devices: GPU ids training uses on this machine (empty: CPU).
+        server_devices: GPU ids of the vLLM server started by `trl-ext launch`, with its tensor-parallel size.
+        gpu_memory_gib: memory of one training GPU, when known (nvidia-smi or torch).
+        memory_limit_gib: refuse a plan whose estimate exceeds this (`--gpu-memory-gb`, default `gpu_memory_gib`).
+        pick_ports: the launcher picks free ports for fields the recipe leaves unset (else they are only checked).
+        check_packages: check that the extras the settings need are installed (off for planning elsewhere).
+        label: the accelerate config or entry point, for messages.
+    """
+
+    world_size: int = 1
+    distributed_type: str = "NO"
+    zero_stage: int = 0
+    train_devices: tuple[str, ...] = ()
+    server_devices: tuple[str, ...] = ()
+    server_tp: int = 1
+    gpu_memory_gib: float | None = None
+    memory_limit_gib: float | None = None
+    pick_ports: bool = False
+    check_packages: bool = True
+    label: str = ""
+
+
+@dataclass
+class Preflight:
+    """The outcome of `check_recipe`: what will run, and every problem found."""
+
+    recipe: str
+    context: RunContext
+    layout: BatchLayout | None = None
+    estimate: MemoryEstimate | None = None
+    shape: ModelShape | None = None
+    ports: list[PortChoice] = field(default_factory=list)
+    output: OutputDirPlan | None = None
+    wandb: WandbStatus | None = None
+    record: dict | None = None
+    lines: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def trainer_flags(self) -> list[str]:
+        """Recipe flags for the ports the launcher picked (`--vllm_group_port 51217`, ...)."""
+        return [token for port in self.ports if port.picked for token in port.flag().split()]
+
+    def render(self) -> str:
+        head = f"preflight: {self.recipe}" + (f" on {self.context.label}" if self.context.label else "")
+        body = [f"  {line}" for line in self.lines]
+        if self.problems:
+            body.append(f"  FAILED: {len(self.problems)} problem(s)")
+            body += [f"  - {p.render()}" for p in self.problems]
+        return "\n".join([head, *body])
+
+    def raise_if_failed(self) -> None:
+        if self.problems:
+            raise PreflightError(self.problems, f"{self.recipe} on {self.context.label or 'this machine'}")
+
+
+def _value(obj: Any) -> Any:
+    return getattr(obj, "value", obj)
+
+
+def training_setup(task: str, script_args, args, model_args, layout: BatchLayout, context: RunContext):
+    """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator)."""
+    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
+    two_byte = dtype in ("bfloat16", "float16", "auto")  # "auto": the checkpoint's dtype, bf16 for every Qwen
+    if args.use_vllm:
+        generator = "server" if args.vllm_mode == "server" else "colocate"
+    else:
+        generator = "transformers"
+    return TrainingSetup(
+        precision="pure_bf16" if two_byte and not context.zero_stage else "fp32_master",
+        zero_stage=context.zero_stage,
+        world_size=context.world_size,
+        ddp=context.distributed_type == "MULTI_GPU",
+        optim=str(_value(args.optim)),
+        lora_rank=model_args.lora_r if model_args.use_peft else None,
+        gradient_checkpointing=bool(args.gradient_checkpointing),
+        micro_batch=layout.per_device_train_batch_size,
+        prompt_tokens=PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS),
+        completion_tokens=int(args.max_completion_length),
+        eval_batch=layout.per_device_eval_batch_size,
+        eval_generations=layout.eval_generations or 1,
+        generator=generator,
+        generation_batch=layout.generation_batch_per_process,
+        vllm_gpu_memory_utilization=float(args.vllm_gpu_memory_utilization),
+        vllm_sleep=bool(args.vllm_enable_sleep_mode),
+        gpu_memory_gib=context.gpu_memory_gib or context.memory_limit_gib,
+    )
+
+
+def _batch_values(stated: Mapping[str, Any], script_args, args) -> dict[str, Any]:
+    values = dict(stated)
+    values.setdefault("n_grpo_steps", script_args.n_grpo_steps)
+    values["eval_limit"] = script_args.eval_limit
+    values["eval_split"] = script_args.eval_split
+    values["eval_strategy"] = str(_value(args.eval_strategy))
+    return values
+
+
+def check_layout(stated: Mapping[str, Any], world_size: int) -> tuple[BatchLayout | None, list[Problem]]:
+    """The batch check with fixes, on the stated values alone (runs before the recipe is parsed)."""
+    layout, problems = check_batches(stated, world_size)
+    if layout is not None:
+        return layout, []
+    fix = "; or ".join(suggest_batch_fixes(stated, world_size))
+    return None, [Problem(p.field, p.message, p.fix or fix) for p in problems]
+
+
+def check_recipe(
+    task: str,
+    recipe: str | Path | None,
+    argv: Sequence[str],
+    parsed: tuple,
+    context: RunContext,
+    stated: Mapping[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Preflight:
+    """Every preflight check of a parsed GRPO recipe on `context` (module docstring)."""
+    script_args, args, model_args = parsed
+    stated = stated_values(recipe, argv) if stated is None else stated
+    report = Preflight(recipe=str(recipe or "(no --config)"), context=context)
+    problems = report.problems
+    _placement(report, args)
+
+    layout, batch_problems = check_layout(_batch_values(stated, script_args, args), context.world_size)
+    problems += batch_problems
+    if layout is not None:
+        report.layout = layout
+        report.lines += layout.render()
+        if layout.per_device_train_batch_size != args.per_device_train_batch_size:
+            problems.append(
+                Problem(
+                    "per_device_train_batch_size",
+                    f"the parsed config has {args.per_device_train_batch_size}, the preflight "
+                    f"{layout.per_device_train_batch_size} for {context.world_size} process(es): WORLD_SIZE and the "
+                    "accelerate config disagree",
+                    "launch with the accelerate config's num_processes",
+                )
+            )
+        _memory(report, task, script_args, args, model_args, layout)
+    _semantics(report, script_args, args, model_args)
+    _ports(report, args, stated)
+    _output(report, recipe, argv, stated, script_args, args, model_args)
+    report.wandb = resolve_wandb(args.report_to, environ)
+    wandb_line = report.wandb.mode + (" (switched: no login)" if report.wandb.switched_offline else "")
+    if report.wandb.mode == "missing":
+        problems.append(
+            Problem("report_to", "includes wandb, which is not installed", "pip install wandb, or --report_to none")
+        )
+    report.lines.append(
+        f"logs:    {args.output_dir} (trainer_state.json, rollouts.jsonl, {RUN_RECORD}); wandb {wandb_line}"
+    )
+    problems += check_model_source(model_args.model_name_or_path)
+    problems += check_data_source(script_args.dataset_source, "dataset_source")
+    problems += check_data_source(script_args.eval_source, "eval_source")
+    data = script_args.dataset_source or f"the {task} default"
+    report.lines.append(
+        f"data:    {data} [{script_args.dataset_split}], validation [{script_args.eval_split}] up to "
+        f"{script_args.eval_limit} problems"
+    )
+    if context.check_packages:
+        problems += check_packages(_package_needs(args, model_args, context))
+    return report
+
+
+def _placement(report: Preflight, args) -> None:
+    context = report.context
+    train = ",".join(context.train_devices) or "CPU"
+    mode = {"MULTI_GPU": "DDP", "DEEPSPEED": f"DeepSpeed ZeRO-{context.zero_stage}"}.get(context.distributed_type, "")
+    line = f"gpus:    training on {train} ({context.world_size} process(es){', ' + mode if mode else ''})"
+    if args.use_vllm and args.vllm_mode == "server":
+        server = ",".join(context.server_devices) or "a server you start (vllm_server_host)"
+        line += f"; vLLM server on {server}" + (f" (tp {context.server_tp})" if context.server_devices else "")
+    elif args.use_vllm:
+        line += f"; vLLM colocated on each training GPU ({args.vllm_gpu_memory_utilization:g} of its memory" + (
+            ", sleeping while training)" if args.vllm_enable_sleep_mode else ")"
+        )
+    else:
+        line += "; generation with transformers on the training GPUs"
+    report.lines.append(line)
+
+
+def _memory(report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout) -> None:
+    context = report.context
+    shape, source = load_model_shape(model_args.model_name_or_path or "")
+    if shape is None:
+        report.lines.append(f"memory:  no estimate ({source})")
+        return
+    report.shape = shape
+    setup = training_setup(task, script_args, args, model_args, layout, context)
+    estimate = estimate_memory(shape, setup)
+    report.estimate = estimate
+    where = "per training GPU" if context.train_devices or context.gpu_memory_gib else "per training process"
+    limit = context.memory_limit_gib
+    report.lines.append(
+        f"memory:  {shape.name}: {shape.params / 1e9:.2f} B parameters ({source}); {setup.precision}, "
+        f"{setup.optim}, micro-batch {setup.micro_batch} x ({setup.prompt_tokens} + {setup.completion_tokens}) tokens"
+    )
+    report.lines += [f"         {line}" for line in estimate.render()]
+    if limit is None:
+        report.lines.append(f"         no GPU memory limit known {where}: pass --gpu-memory-gb to check against one")
+        return
+    report.lines.append(f"         limit {limit:g} GiB {where}")
+    if estimate.peak_gib > limit:
+        knobs = knobs_to_fit(shape, setup, limit)
+        fix = "; or ".join(k.render() for k in knobs) if knobs else "more GPUs with zero3.yaml, or a smaller model"
+        report.problems.append(
+            Problem(
+                "gpu memory",
+                f"estimated peak {estimate.peak_gib:.1f} GiB {where} exceeds the {limit:g} GiB limit "
+                f"(--gpu-memory-gb; {estimate.peak_phase} phase)",
+                fix,
+            )
+        )
+
+
+def _semantics(report: Preflight, script_args, args, model_args) -> None:
+    kwargs = args.chat_template_kwargs or {}
+    if kwargs and not script_args.chat_template:
+        report.problems.append(
+            Problem(
+                "chat_template_kwargs",
+                f"{kwargs} applies to the chat template, which this recipe does not use (chat_template: false)",
+                "remove chat_template_kwargs, or set chat_template: true",
+            )
+        )
+    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
+    if report.context.zero_stage == 0 and dtype in ("bfloat16", "float16", "auto"):
+        report.lines.append(
+            f"precision: pure {dtype} weights and optimizer states (dtype {dtype}): lr {args.learning_rate:g} updates "
+            "below half a bf16 ulp are lost; dtype float32 + bf16 keeps fp32 master weights (docs/gpu.md)"
+        )
+
+
+def _ports(report: Preflight, args, stated: Mapping[str, Any]) -> None:
+    if not (args.use_vllm and args.vllm_mode == "server"):
+        return
+    context = report.context
+    if context.pick_ports:
+        # TRL's weight-sync group binds vllm_group_port on the training rank 0; the server listens on its port.
+        server, problems = choose_port("vllm_server_port", _stated_port(stated, "vllm_server_port"), TRL_SERVER_PORT)
+        report.problems.extend(problems)
+        avoid = {server.port} if server else set()
+        group, problems = choose_port(
+            "vllm_group_port", _stated_port(stated, "vllm_group_port"), TRL_GROUP_PORT, avoid=avoid
+        )
+        report.problems.extend(problems)
+        report.ports = [p for p in (server, group) if p is not None]
+        shown = ", ".join(f"{p.field} {p.port}" + (" (picked, free)" if p.picked else " (free)") for p in report.ports)
+        report.lines.append(f"ports:   {shown}")
+        return
+    if not port_is_free(int(args.vllm_group_port)):
+        report.problems.append(
+            Problem(
+                "vllm_group_port",
+                f"port {args.vllm_group_port} (TRL's NCCL weight-sync group) is in use: another run on this node?",
+                "--vllm_group_port N with a free N, or start runs with `trl-ext launch`, which picks free ports",
+            )
+        )
+    report.lines.append(f"ports:   vllm_server_port {args.vllm_server_port}, vllm_group_port {args.vllm_group_port}")
+
+
+def _stated_port(stated: Mapping[str, Any], name: str) -> int | None:
+    return None if stated.get(name) is None else int(stated[name])
+
+
+def _output(report: Preflight, recipe, argv, stated, script_args, args, model_args) -> None:
+    config: dict[str, Any] = {}
+    for obj in (script_args, args, model_args):
+        config.update({k: v for k, v in vars(obj).items() if not k.startswith("_")})
+    report.record = make_record(recipe, argv, stated, config)
+    resume = bool(getattr(script_args, "resume", False))
+    plan, problems = plan_output_dir(args.output_dir, report.record, resume, args.resume_from_checkpoint)
+    report.problems += problems
+    report.output = plan
+    if plan is not None:
+        where = f"resume from {plan.checkpoint}" if plan.checkpoint else plan.action
+        report.lines.append(f"output:  {args.output_dir} ({where})" + (f"; {plan.note}" if plan.note else ""))
+
+
+def _package_needs(args, model_args, context: RunContext) -> dict[str, str]:
+    needs: dict[str, str] = {}
+    if args.use_vllm:
+        needs["vllm"] = "use_vllm: vLLM generation"
+    if context.zero_stage:
+        needs["deepspeed"] = f"distributed_type: DeepSpeed ZeRO-{context.zero_stage}"
+    if "8bit" in str(_value(args.optim)):
+        needs["bitsandbytes"] = f"optim: {_value(args.optim)}"
+    if model_args.use_peft:
+        needs["peft"] = "use_peft: LoRA"
+    return needs
