@@ -11,16 +11,17 @@ import pytest
 from trl_ext.launch import plan_launch, read_accelerate_config, split_gpus
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
-TRAIN_GPUS_1_TO_7 = "1,2,3,4,5,6,7"
 
 # name -> (distributed_type, num_processes, gpu_ids, use_cpu, DeepSpeed zero_stage, mixed_precision)
 EXPECTED = {
     "cpu.yaml": ("NO", 1, None, True, None, "no"),
-    "single_gpu.yaml": ("NO", 1, "all", False, None, "bf16"),
+    # pinned: on a multi-GPU box the trainer must see one device (GRPOTrainer refuses DataParallel)
+    "single_gpu.yaml": ("NO", 1, "0", False, None, "bf16"),
     "vllm_server_gpu0_train_gpu1.yaml": ("NO", 1, "1", False, None, "bf16"),
-    "multi_gpu.yaml": ("MULTI_GPU", 7, TRAIN_GPUS_1_TO_7, False, None, "bf16"),
-    "zero2.yaml": ("DEEPSPEED", 7, TRAIN_GPUS_1_TO_7, False, 2, "bf16"),
-    "zero3.yaml": ("DEEPSPEED", 7, TRAIN_GPUS_1_TO_7, False, 3, "bf16"),
+    # four processes: the seeds' 256 completions per step split as 2 x GA 32 x 4 (not over 7)
+    "multi_gpu.yaml": ("MULTI_GPU", 4, "all", False, None, "bf16"),
+    "zero2.yaml": ("DEEPSPEED", 4, "all", False, 2, "bf16"),
+    "zero3.yaml": ("DEEPSPEED", 4, "all", False, 3, "bf16"),
 }
 
 
