@@ -205,10 +205,10 @@ def test_detect_gpus_sources():
     ("config", "num_gpus", "train", "server"),
     [
         ("vllm_server_gpu0_train_gpu1.yaml", 2, ["1"], ["0"]),  # the design's 2-GPU placement
-        ("single_gpu.yaml", 2, ["0"], ["1"]),  # gpu_ids all: the first num_processes GPUs train
+        ("single_gpu.yaml", 2, ["0"], ["1"]),  # pinned to GPU 0
         ("cpu.yaml", 2, [], ["0", "1"]),
-        ("multi_gpu.yaml", 8, [str(i) for i in range(1, 8)], ["0"]),
-        ("zero3.yaml", 8, [str(i) for i in range(1, 8)], ["0"]),
+        ("multi_gpu.yaml", 8, ["0", "1", "2", "3"], ["4", "5", "6", "7"]),  # gpu_ids all: the first four train
+        ("zero3.yaml", 6, ["0", "1", "2", "3"], ["4", "5"]),
     ],
 )
 def test_split_gpus(config, num_gpus, train, server):
@@ -244,9 +244,9 @@ def test_eight_gpus_four_train_on_4_to_7_server_gets_0_to_3_with_tp_dp(rig):
         ("single_gpu.yaml", 8, "0", "1,2,3,4", 4),  # 7 free GPUs: tp 4, three left idle
         ("vllm_server_gpu0_train_gpu1.yaml", 2, "1", "0", 1),
         ("vllm_server_gpu0_train_gpu1.yaml", 4, "1", "0,2", 2),  # GPUs 0, 2, 3 free: tp 2, GPU 3 idle
-        ("multi_gpu.yaml", 8, "1,2,3,4,5,6,7", "0", 1),
-        ("zero2.yaml", 8, "1,2,3,4,5,6,7", "0", 1),
-        ("zero3.yaml", 8, "1,2,3,4,5,6,7", "0", 1),
+        ("multi_gpu.yaml", 8, "0,1,2,3", "4,5,6,7", 4),
+        ("zero2.yaml", 8, "0,1,2,3", "4,5,6,7", 4),
+        ("zero3.yaml", 5, "0,1,2,3", "4", 1),
     ],
 )
 def test_exact_commands_for_each_accelerate_config(rig, config, num_gpus, train, server, tp):

@@ -47,14 +47,17 @@ OFF_POLICY = {
     f"countdown/offpolicy_e{e}_tb{t}.yaml": (
         "countdown/offpolicy_e1_tb256.yaml",
         ({"epochs_per_rollout_batch"} if e != 1 else set())
-        | ({"train_batch_size", "gradient_accumulation_steps"} if t != 256 else set()),
+        | ({"train_batch_size"} if t != 256 else set()),  # GA follows from it and the world size
     )
     for e in (1, 2, 4)
     for t in (256, 128, 64)
     if (e, t) != (1, 256)
 }
 DIFFS = {
-    "countdown/base.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
+    "countdown/base.yaml": (
+        "grpo_defaults.yaml",
+        {"model_name_or_path", "prompt", "chat_template", "chat_template_kwargs", "reward_funcs"},
+    ),
     "countdown/seed001.yaml": ("countdown/base.yaml", {"temperature"}),
     "countdown/seed000_grpo_l512.yaml": ("countdown/base.yaml", {"prompt", "pg_loss_type", "max_completion_length"}),
     "countdown/seed000_grpo_l256.yaml": ("countdown/seed000_grpo_l512.yaml", {"max_completion_length"}),
@@ -76,6 +79,23 @@ DIFFS = {
     "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type"}),
     **OFF_POLICY,
     "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type"}),
+    # the seeds' exact precision: bf16 weights and AdamW states (the references keep fp32 master weights)
+    **{
+        f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
+        for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
+    },
+    # seed 004: one 24 GB GPU, group size 8 kept (colocated vLLM with sleep mode, 8-bit AdamW, smaller eval batch)
+    "gsm8k/seed004_24gb.yaml": (
+        "gsm8k/r1_zero.yaml",
+        {
+            "model_name_or_path",
+            "vllm_mode",
+            "vllm_gpu_memory_utilization",
+            "vllm_enable_sleep_mode",
+            "optim",
+            "per_device_eval_batch_size",
+        },
+    ),
     "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
     "math/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
     "math/question_only.yaml": ("math/r1_zero.yaml", {"prompt", "reward_funcs", "generation_kwargs"}),
@@ -116,8 +136,9 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
         return
     assert isinstance(training_args, AblationGRPOConfig)
     assert isinstance(script_args, GRPOScriptArguments)
-    # GPU recipes: vLLM server mode, wandb, hub ids (root defaults aside, which name no model)
-    assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
+    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004), wandb, hub ids (root defaults aside)
+    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" else "server"
+    assert (training_args.use_vllm, training_args.vllm_mode) == (True, mode)
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
         assert model_args.model_name_or_path.startswith("Qwen/")
@@ -202,8 +223,11 @@ def test_command_line_overrides_the_yaml_chain():
     )
     assert args.learning_rate == 5e-6 and model_args.model_name_or_path == "/tmp/m" and script_args.eval_limit == 64
     assert args.temperature == 0.7  # still the child's value over its base's 1.0
-    # the per-device batch follows an overridden GA: 256 / (64 x 1 process)
-    assert _parse("countdown/base.yaml", "--gradient_accumulation_steps", "64")[1].per_device_train_batch_size == 4
+    # GA follows an overridden micro-batch: 256 / (4 x 1 process)
+    assert _parse("countdown/base.yaml", "--per_device_train_batch_size", "4")[1].gradient_accumulation_steps == 64
+    # a GA that contradicts the recipe's micro-batch is an error naming both, not a silently changed micro-batch
+    with pytest.raises(RecipeError, match="per_device_train_batch_size"):
+        _parse("countdown/base.yaml", "--gradient_accumulation_steps", "64")
 
 
 def test_help_lists_every_field_with_its_help():
@@ -230,6 +254,7 @@ def test_math_script_help_runs_in_a_subprocess():
 
 
 def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
@@ -389,12 +414,15 @@ def _load_script(name: str):
 
 
 def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
-    """The model path does not exist: reaching the model load would raise OSError instead of these errors."""
+    """The model folder has a config but no weights: reaching the model load would raise OSError instead of these
+    errors (the preflight before them accepts the folder; generation on transformers needs no vLLM here)."""
     import json
 
     data = _write(tmp_path / "cd.jsonl", json.dumps({"nums": [1, 2, 3], "target": 6}) + "\n")
+    _write(tmp_path / "no" / "config.json", "{}")
     common = ["--config", str(RECIPES / "countdown" / "base.yaml"), *CPU, "--model_name_or_path", str(tmp_path / "no")]
     common += ["--dataset_source", str(data), "--dataset_split", "train", "--eval_split", "none"]
+    common += ["--use_vllm", "false", "--output_dir", str(tmp_path / "run")]
     countdown = _load_script("countdown")
     with pytest.raises(ValueError, match="unknown reward function.*'nope'"):
         countdown.main([*common, "--reward_funcs", "nope"])
@@ -402,7 +430,9 @@ def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
         countdown.main([*common, "--prompt", "nope"])
     with pytest.raises(RecipeError, match=r"split 'train\[5:\]' has no rows"):
         countdown.main([*common, "--dataset_split", "train[5:]"])
-    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+    from trl_ext.preflight import PreflightError
+
+    with pytest.raises(PreflightError, match=r"dataset_source: data file .*missing.jsonl not found"):
         countdown.main([*common, "--dataset_source", str(tmp_path / "missing.jsonl")])
 
 

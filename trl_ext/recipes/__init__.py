@@ -37,6 +37,7 @@ from trl_ext.recipes.training import (
     build_sft_trainer,
     model_init_kwargs,
     run_grpo_recipe,
+    run_sft_recipe,
     train_save_evaluate,
 )
 from trl_ext.recipes.yaml_chain import BASE_KEY, RecipeError, load_recipe_yaml, load_recipe_yaml_with_sources
@@ -65,5 +66,6 @@ __all__ = [
     "parse_recipe_args",
     "resolve_max_steps",
     "run_grpo_recipe",
+    "run_sft_recipe",
     "train_save_evaluate",
 ]

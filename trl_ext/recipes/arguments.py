@@ -93,6 +93,20 @@ class GRPOScriptArguments:
     final_eval: bool = field(
         default=True, metadata={"help": "Evaluate on the validation split after training and save eval metrics."}
     )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue the last checkpoint in output_dir. Without it a non-empty output_dir is an error (never "
+            "a silent resume); with it, output_dir must hold a run of the same config (trl_ext_run.json)."
+        },
+    )
+    gpu_memory_gb: float | None = field(
+        default=None,
+        metadata={
+            "help": "Refuse to start when the preflight's peak-memory estimate per training GPU exceeds this many GiB "
+            "(default: the training GPU's memory); the error lists the knobs that would make the plan fit."
+        },
+    )
 
 
 @dataclass
@@ -119,6 +133,13 @@ class SFTScriptArguments:
     )
     eval_limit: int | None = field(default=1024, metadata={"help": "Validate on the first N examples."})
     final_eval: bool = field(default=True, metadata={"help": "Evaluate after training and save eval metrics."})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue the last checkpoint in output_dir. Without it a non-empty output_dir is an error (never "
+            "a silent resume); with it, output_dir must hold a run of the same config (trl_ext_run.json)."
+        },
+    )
 
 
 def apply_task_defaults(task: str, script_args: GRPOScriptArguments) -> GRPOScriptArguments:

@@ -1,5 +1,9 @@
 """Recipe command lines: `TrlParser` with `--config` YAML `base:` chains, then the steps and generation settings
-derived from the parsed values (`max_steps` from `n_grpo_steps`, vLLM-only sampling options)."""
+derived from the parsed values (`max_steps` from `n_grpo_steps`, vLLM-only sampling options).
+
+A recipe that states `train_batch_size` and `per_device_train_batch_size` but not `gradient_accumulation_steps` gets
+GA derived for the number of training processes (`trl_ext.preflight.batch.derive_gradient_accumulation`), so the
+same YAML trains 256 completions per step on 1, 2, 4 or 8 GPUs."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import difflib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
@@ -46,6 +51,7 @@ def _recipe_parser_class():
                     )
             for name, value in env.items():
                 os.environ[str(name)] = str(value)
+            _derive_gradient_accumulation(config, args)
             # Runs land in runs/<recipe folder>/<recipe name> unless the recipe or the command line says otherwise.
             name = f"{Path(config_path).resolve().parent.name}/{Path(config_path).stem}"
             if "output_dir" in known:
@@ -61,6 +67,38 @@ def _recipe_parser_class():
                 raise RecipeError(f"{Path(config_path).resolve()}: {err}") from err
 
     return RecipeParser
+
+
+def _derive_gradient_accumulation(config: dict, args: Sequence[str]) -> None:
+    """Set the YAML's GA for this world size when the recipe gives the micro-batch instead (module docstring)."""
+    from trl_ext.preflight.batch import derive_gradient_accumulation
+    from trl_ext.preflight.plan import cli_overrides
+
+    ga = derive_gradient_accumulation({**config, **cli_overrides(args)}, world_size())
+    if ga is not None:
+        config["gradient_accumulation_steps"] = ga
+
+
+def world_size() -> int:
+    """Training processes: `$WORLD_SIZE` as `accelerate launch` / `torchrun` set it, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextmanager
+def world_size_env(size: int | None) -> Iterator[None]:
+    """Parse as if under `size` processes (the launcher plans for the processes it is about to start)."""
+    if size is None:
+        yield
+        return
+    previous = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(size)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = previous
 
 
 def _pop_config_flag(args: list[str]) -> str | None:
@@ -103,19 +141,21 @@ def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = 
     return _recipe_parser_class()(types, prog=prog, epilog=epilog)
 
 
-def parse_recipe_args(task: str, argv: Sequence[str] | None = None):
+def parse_recipe_args(task: str, argv: Sequence[str] | None = None, processes: int | None = None):
     """Parse a recipe's command line (`--config YAML` plus overrides) for `task`.
 
     Args:
         task: "countdown", "gsm8k", "math" (GRPO) or "sft".
         argv: command-line arguments without the program name (default: `sys.argv[1:]`).
+        processes: parse for this many training processes (default `$WORLD_SIZE`, else 1).
 
     Returns:
         `(script_args, training_args, model_args)`; for GRPO tasks the task defaults are applied and `max_steps`
         is derived from `n_grpo_steps`.
     """
     kind = "sft" if task == "sft" else "grpo"
-    script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
+    with world_size_env(processes):
+        script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
     if kind == "grpo":
         apply_task_defaults(task, script_args)
         resolve_max_steps(script_args, training_args)

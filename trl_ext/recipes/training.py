@@ -85,16 +85,14 @@ def _require_model(model_args) -> None:
         raise RecipeError("model_name_or_path is not set (recipe key or --model_name_or_path)")
 
 
-def train_save_evaluate(trainer, training_args, script_args, dataset_name: str | None = None) -> dict[str, float]:
-    """Train (resuming from the last checkpoint in output_dir if any), save, evaluate; returns the eval metrics."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(training_args.output_dir):
-        checkpoint = get_last_checkpoint(training_args.output_dir)
-        if checkpoint is not None:
-            logger.info("resuming from %s", checkpoint)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+def train_save_evaluate(
+    trainer, training_args, script_args, dataset_name: str | None = None, checkpoint: str | os.PathLike | None = None
+) -> dict[str, float]:
+    """Train (from `checkpoint` when the preflight decided to resume; never implicitly), save, evaluate; returns the
+    eval metrics."""
+    if checkpoint is not None:
+        logger.info("resuming from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -114,13 +112,35 @@ def train_save_evaluate(trainer, training_args, script_args, dataset_name: str |
 
 
 def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, float]:
-    """A GRPO recipe end to end: parse -> task data -> rewards -> AblationGRPOTrainer -> train, save, validate."""
+    """A GRPO recipe end to end: parse and preflight (`trl_ext.preflight`: batches for this world size, memory,
+    ports, output_dir, wandb, sources; the plan is printed) -> task data -> rewards -> AblationGRPOTrainer -> train,
+    save, validate."""
+    from trl_ext.preflight.entry import entry_preflight, write_run_record
     from trl_ext.rewards import get_reward_funcs
 
-    script_args, training_args, model_args = parse_recipe_args(task, argv)
+    (script_args, training_args, model_args), report = entry_preflight(task, argv)
     adapt_generation_kwargs(training_args)
     # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
     train_dataset, eval_dataset = load_grpo_datasets(task, script_args, training_args)
     reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)
     trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset)
-    return train_save_evaluate(trainer, training_args, script_args, dataset_name=script_args.dataset_source)
+    write_run_record(trainer, training_args.output_dir, report.record)
+    checkpoint = report.output.checkpoint if report.output is not None else None
+    return train_save_evaluate(trainer, training_args, script_args, script_args.dataset_source, checkpoint)
+
+
+def run_sft_recipe(argv: Sequence[str] | None = None) -> dict[str, float]:
+    """The SFT recipe end to end: parse -> output_dir / resume and wandb checks -> traces -> SFTTrainer -> train."""
+    import sys
+
+    from trl_ext.preflight.entry import sft_entry_preflight, write_run_record
+    from trl_ext.recipes.data import load_sft_datasets
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args, training_args, model_args = parse_recipe_args("sft", argv)
+    plan, record = sft_entry_preflight(argv, (script_args, training_args, model_args))
+    # The traces are checked before the model loads: a bad file or row fails in seconds.
+    train_dataset, eval_dataset = load_sft_datasets(script_args)
+    trainer = build_sft_trainer(training_args, model_args, train_dataset, eval_dataset)
+    write_run_record(trainer, training_args.output_dir, record)
+    return train_save_evaluate(trainer, training_args, script_args, script_args.dataset_source, plan.checkpoint)
