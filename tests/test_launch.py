@@ -266,11 +266,17 @@ def test_exact_commands_for_each_accelerate_config(rig, config, num_gpus, train,
         "127.0.0.1",
     )
     assert plan.server.env == {"CUDA_VISIBLE_DEVICES": server}
+    # Several training processes on one machine: a free torch rendezvous port, so two runs on a node never share one.
+    rendezvous = []
+    if read_accelerate_config(CONFIGS / config).num_processes > 1:
+        rendezvous = ["--main_process_port", plan.trainer.argv[5]]
+        assert 29500 <= int(plan.trainer.argv[5]) < 29700
     assert plan.trainer.argv == (
         str(VENV_BIN / "accelerate"),
         "launch",
         "--config_file",
         str(CONFIGS / config),
+        *rendezvous,
         str(rig.recipe),
         "--config",
         str(rig.config),

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         "launch",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
         help=(
-            "Start the vLLM server on the GPUs the accelerate config leaves free, wait for its health endpoint, "
+            "Check the plan first (trl_ext.preflight: batch arithmetic for the number of training processes, peak GPU "
+            "memory against --gpu-memory-gb, free ports, output_dir / resume, wandb, model and data sources), then "
+            "start the vLLM server on the GPUs the accelerate config leaves free, wait for its health endpoint, "
             "run `accelerate launch --config_file FILE RECIPE --config YAML [ARGS]`, and stop the server afterwards "
             "(also on failure and Ctrl-C). Recipes without `use_vllm: true` + `vllm_mode: server` just run "
             "accelerate launch. Extra ARGS go to the recipe. Exit code: the trainer's."
@@ -61,7 +63,15 @@ def register(app: typer.Typer) -> None:
             help="Replace `accelerate launch ...` (template: {accelerate_config} {recipe} {config} {python}).",
         ),
         poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between health checks."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print both commands (with their env) and exit."),
+        gpu_memory_gb: float | None = typer.Option(
+            None,
+            "--gpu-memory-gb",
+            help="Refuse a plan whose estimated peak memory per training GPU exceeds this many GiB (default: the "
+            "training GPUs' memory per nvidia-smi; no check when unknown).",
+        ),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Run the preflight, print the plan and both commands (with their env), and exit."
+        ),
     ) -> None:
         try:
             plan = plan_launch(
@@ -76,6 +86,7 @@ def register(app: typer.Typer) -> None:
                 server_cmd=server_cmd,
                 train_cmd=train_cmd,
                 log_dir=log_dir,
+                gpu_memory_gb=gpu_memory_gb,
             )
         except LaunchError as exc:
             typer.echo(f"error: {exc}", err=True)

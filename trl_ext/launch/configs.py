@@ -41,6 +41,8 @@ class AccelerateSetup:
         gpu_ids: the GPUs training uses on this machine, or None for accelerate's `all` (the first
             `num_processes / num_machines` visible GPUs).
         use_cpu: training runs on CPU and takes no GPU.
+        zero_stage: DeepSpeed ZeRO stage (`deepspeed_config.zero_stage`; 0 without DeepSpeed).
+        main_process_port: torch's rendezvous port when the file sets one.
     """
 
     path: Path
@@ -49,6 +51,8 @@ class AccelerateSetup:
     num_machines: int = 1
     gpu_ids: tuple[str, ...] | None = None
     use_cpu: bool = False
+    zero_stage: int = 0
+    main_process_port: int | None = None
 
     @property
     def local_processes(self) -> int:
@@ -94,7 +98,15 @@ def read_accelerate_config(path: str | Path) -> AccelerateSetup:
             raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
         if len(set(gpu_ids)) != len(gpu_ids):
             raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} repeats a GPU")
-    return AccelerateSetup(path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu)
+    deepspeed = data.get("deepspeed_config") or {}
+    zero_stage = 0
+    if distributed_type == "DEEPSPEED":
+        zero_stage = _as_int(deepspeed.get("zero_stage", 0), f"accelerate config {path}: `zero_stage`", minimum=0)
+    port = data.get("main_process_port")
+    main_port = None if port is None else _as_int(port, f"accelerate config {path}: `main_process_port`", minimum=1)
+    return AccelerateSetup(
+        path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu, zero_stage, main_port
+    )
 
 
 def load_recipe_yaml(path: str | Path) -> dict:

@@ -1,9 +1,10 @@
 """Launch planning, pure: GPU split between training and the vLLM server, both commands, the `LaunchPlan`.
 
 `plan_launch` turns the two config files (and the recipe args) into the plan that
-`trl_ext.launch.supervision.run_launch` carries out and `trl-ext launch --dry-run` prints. Nothing here starts the
-server or the trainer; the one outside call is `nvidia-smi -L` in `detect_gpus`, made only when neither
-`--num-gpus` nor `CUDA_VISIBLE_DEVICES` gives the GPUs.
+`trl_ext.launch.supervision.run_launch` carries out and `trl-ext launch --dry-run` prints, after the preflight of a
+trl_ext GRPO recipe (`trl_ext.launch.checks`: batches for this many processes, memory, free ports, output_dir,
+wandb, sources). Nothing here starts the server or the trainer; the outside calls are `nvidia-smi` (GPU list and
+memory, only when `--num-gpus` / `CUDA_VISIBLE_DEVICES` / `--gpu-memory-gb` do not say) and port binds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from trl_ext.launch.checks import launch_preflight, recipe_task, rendezvous_args
 from trl_ext.launch.configs import AccelerateSetup, LaunchError, read_accelerate_config, read_recipe_serving
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
@@ -138,9 +141,11 @@ class LaunchPlan:
     train_gpus: tuple[str, ...] = ()
     server_gpus: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    preflight: str = ""
+    report: Any = field(default=None, compare=False, repr=False)  # the trl_ext.preflight.plan.Preflight, if any
 
     def render(self) -> str:
-        lines = list(self.notes)
+        lines = ([self.preflight] if self.preflight else []) + list(self.notes)
         if self.server is not None:
             lines.append(f"server:  {self.server.render()}")
             lines.append(f"         log {self.server_log}, health {self.health_url}")
@@ -186,17 +191,18 @@ def trainer_command(
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     template: str | None = None,
+    launch_args: Sequence[str] = (),
 ) -> Command:
-    """`accelerate launch --config_file FILE RECIPE [--config YAML] [extra_args]`.
+    """`accelerate launch --config_file FILE [launch_args] RECIPE [--config YAML] [extra_args]`.
 
     `template` replaces it (tests): formatted with `{accelerate_config}`, `{recipe}`, `{config}`, `{python}`;
-    `extra_args` are appended either way.
+    `extra_args` are appended either way, `launch_args` (accelerate's own flags) only to the real command.
     """
     if template is not None:
         fields = {"accelerate_config": accelerate_config, "recipe": recipe, "config": config or ""}
         argv = shlex.split(template.format(python=sys.executable, **fields))
     else:
-        argv = [_tool("accelerate"), "launch", "--config_file", str(accelerate_config), str(recipe)]
+        argv = [_tool("accelerate"), "launch", "--config_file", str(accelerate_config), *launch_args, str(recipe)]
         if config is not None:
             argv += ["--config", str(config)]
     return Command(tuple(argv) + tuple(extra_args), dict(env or {}))
@@ -216,6 +222,8 @@ def plan_launch(
     train_cmd: str | None = None,
     log_dir: str | Path | None = None,
     environ: dict[str, str] | None = None,
+    gpu_memory_gb: float | None = None,
+    check_packages: bool = True,
 ) -> LaunchPlan:
     """Composes the server and trainer commands from the configs; checks everything that can fail before a start.
 
@@ -231,28 +239,46 @@ def plan_launch(
         train_cmd: a template replacing `accelerate launch ...` (see `trainer_command`).
         log_dir: folder of the server log; default the recipe's `output_dir`, else `runs/launch`.
         environ: environment to read `CUDA_VISIBLE_DEVICES` from (default `os.environ`).
+        gpu_memory_gb: the preflight's memory limit per training GPU (default: its memory per nvidia-smi).
+        check_packages: the preflight checks that vLLM / DeepSpeed / bitsandbytes are installed where needed.
 
     Raises:
-        LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing.
+        LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing, a failed preflight.
     """
     setup = read_accelerate_config(accelerate_config)
     if not Path(recipe).is_file():
         raise LaunchError(f"recipe script {recipe} not found")
     serving = read_recipe_serving(config, extra_args)
-    if not serving.server_mode:
-        note = (
-            f"recipe {config or '(no --config)'} does not use vLLM server mode "
-            f"(use_vllm={serving.use_vllm}, vllm_mode={serving.vllm_mode}): running accelerate launch only"
+    launch_args = rendezvous_args(setup)
+    local = serving.server_mode and serving.local_server
+    if not local:
+        if not serving.server_mode:
+            note = (
+                f"recipe {config or '(no --config)'} does not use vLLM server mode "
+                f"(use_vllm={serving.use_vllm}, vllm_mode={serving.vllm_mode}): running accelerate launch only"
+            )
+        else:
+            note = (
+                f"vllm_server_host {serving.host} is not this machine: start the server there "
+                f"(trl vllm-serve --model {serving.model} --port {serving.port}); running accelerate launch only"
+            )
+        train: list[str] = []
+        if recipe_task(recipe) and not setup.use_cpu:  # the preflight's memory check wants the training GPUs
+            available, source = detect_gpus(num_gpus, environ)
+            train = split_gpus(setup, available, source)[0] if available else []
+        report = launch_preflight(
+            setup, recipe, config, extra_args, train, gpu_memory_gb=gpu_memory_gb, check_packages=check_packages
         )
-        trainer = trainer_command(accelerate_config, recipe, config, extra_args, template=train_cmd)
-        return LaunchPlan(trainer=trainer, notes=(note,))
-    if not serving.local_server:
-        note = (
-            f"vllm_server_host {serving.host} is not this machine: start the server there "
-            f"(trl vllm-serve --model {serving.model} --port {serving.port}); running accelerate launch only"
+        extra = [*extra_args, *(report.trainer_flags() if report else [])]
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(train)} if train else None
+        trainer = trainer_command(accelerate_config, recipe, config, extra, env, train_cmd, launch_args)
+        return LaunchPlan(
+            trainer=trainer,
+            train_gpus=tuple(train),
+            notes=(note,),
+            preflight=report.render() if report else "",
+            report=report,
         )
-        trainer = trainer_command(accelerate_config, recipe, config, extra_args, template=train_cmd)
-        return LaunchPlan(trainer=trainer, notes=(note,))
     if not serving.model:
         raise LaunchError(f"recipe config {config}: vLLM server mode needs `model_name_or_path` to serve")
 
@@ -265,10 +291,17 @@ def plan_launch(
             "(`gpu_ids`, `num_processes`), or use `vllm_mode: colocate`"
         )
     server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp)
-    server = server_command(serving.model, serving.host, serving.port, tp, dp, server_gpus, vllm_args, server_cmd)
+    report = launch_preflight(
+        setup, recipe, config, extra_args, train, server_gpus, tp, gpu_memory_gb, check_packages=check_packages
+    )
+    port = (
+        next((p.port for p in report.ports if p.field == "vllm_server_port"), serving.port) if report else serving.port
+    )
+    server = server_command(serving.model, serving.host, port, tp, dp, server_gpus, vllm_args, server_cmd)
     # The trainer sees only its own GPUs, so nothing in it can touch the server's.
     trainer_env = {"CUDA_VISIBLE_DEVICES": ",".join(train)}
-    trainer = trainer_command(accelerate_config, recipe, config, extra_args, trainer_env, template=train_cmd)
+    extra = [*extra_args, *(report.trainer_flags() if report else [])]
+    trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
     log_root = Path(log_dir) if log_dir is not None else Path(serving.output_dir or "runs/launch")
     connect_host = "127.0.0.1" if serving.host in ("", "0.0.0.0", "::") else serving.host
     idle = [gpu for gpu in free if gpu not in server_gpus]
@@ -281,12 +314,14 @@ def plan_launch(
         trainer=trainer,
         server=server,
         host=serving.host,
-        port=serving.port,
-        health_url=f"http://{_url_host(connect_host)}:{serving.port}{HEALTH_PATH}",
-        server_log=log_root / f"vllm_server_{serving.port}.log",
+        port=port,
+        health_url=f"http://{_url_host(connect_host)}:{port}{HEALTH_PATH}",
+        server_log=log_root / f"vllm_server_{port}.log",
         train_gpus=tuple(train),
         server_gpus=tuple(server_gpus),
         notes=(note,),
+        preflight=report.render() if report else "",
+        report=report,
     )
 
 

@@ -36,7 +36,9 @@ def preflight_recipe(
     make_context: Callable[[tuple], RunContext],
     environ: dict[str, str] | None = None,
 ) -> tuple[tuple, Preflight]:
-    """Parse a GRPO recipe for `world_size` processes and run every check on `make_context(parsed)`.
+    """Check a GRPO recipe's batches for `world_size` processes, parse it, and run every check on
+    `make_context(parsed)`. The parse itself is this process's (`$WORLD_SIZE`, 1 in the launcher): the launcher
+    must not pretend to be a distributed rank, so the numbers that depend on W come from the batch check.
 
     Raises:
         PreflightError: the batch arithmetic fails for this world size (before parsing, with fixes).
@@ -49,7 +51,7 @@ def preflight_recipe(
     _, problems = check_layout(stated, world_size)
     if problems:
         raise PreflightError(problems, f"{config or task} on {world_size} training process(es)")
-    parsed = parse_recipe_args(task, list(argv), processes=world_size)
+    parsed = parse_recipe_args(task, list(argv))
     return parsed, check_recipe(task, config, argv, parsed, make_context(parsed), stated, environ)
 
 
@@ -89,10 +91,8 @@ def entry_preflight(task: str, argv: Sequence[str] | None = None) -> tuple[tuple
     argv = list(sys.argv[1:] if argv is None else argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     parsed, report = preflight_recipe(task, argv, world, lambda p: context_from_environment(p[0], p[1]))
-    if is_main_process():
+    if is_main_process():  # the plan, with wandb's one warning when it was switched offline
         print(report.render(), file=sys.stderr, flush=True)
-        if report.wandb is not None:
-            warn_once(report.wandb.message)
     report.raise_if_failed()
     return parsed, report
 

@@ -10,6 +10,7 @@ problem with its fix.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,8 @@ class Preflight:
     def render(self) -> str:
         head = f"preflight: {self.recipe}" + (f" on {self.context.label}" if self.context.label else "")
         body = [f"  {line}" for line in self.lines]
+        if self.wandb is not None and self.wandb.message:
+            body.append(f"  warning: {self.wandb.message}")
         if self.problems:
             body.append(f"  FAILED: {len(self.problems)} problem(s)")
             body += [f"  - {p.render()}" for p in self.problems]
@@ -210,7 +213,8 @@ def check_recipe(
     if layout is not None:
         report.layout = layout
         report.lines += layout.render()
-        if layout.per_device_train_batch_size != args.per_device_train_batch_size:
+        parsed_here = context.world_size == int(os.environ.get("WORLD_SIZE", "1"))
+        if parsed_here and layout.per_device_train_batch_size != args.per_device_train_batch_size:
             problems.append(
                 Problem(
                     "per_device_train_batch_size",

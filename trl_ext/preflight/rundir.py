@@ -51,6 +51,8 @@ IGNORED_FIELDS = frozenset(
     }
 )
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# `trl-ext launch` writes the vLLM server's log into output_dir before the trainer starts (and checks this folder).
+_LAUNCHER_FILES = re.compile(r"^vllm_server_\d+\.log$")
 
 
 def jsonable(value: Any) -> Any:
@@ -136,7 +138,7 @@ def plan_output_dir(
         if not Path(resume_from_checkpoint).is_dir():
             return None, [Problem("resume_from_checkpoint", f"{resume_from_checkpoint} is not a folder")]
         resume = True
-    entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    entries = sorted(p.name for p in folder.iterdir() if not _LAUNCHER_FILES.match(p.name)) if folder.is_dir() else []
     if not entries:
         if resume and not resume_from_checkpoint:
             return OutputDirPlan("fresh", note=f"resume requested but {folder} is empty: starting fresh"), []

@@ -11,8 +11,7 @@ import difflib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
@@ -84,23 +83,6 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-@contextmanager
-def world_size_env(size: int | None) -> Iterator[None]:
-    """Parse as if under `size` processes (the launcher plans for the processes it is about to start)."""
-    if size is None:
-        yield
-        return
-    previous = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(size)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("WORLD_SIZE", None)
-        else:
-            os.environ["WORLD_SIZE"] = previous
-
-
 def _pop_config_flag(args: list[str]) -> str | None:
     """Remove `--config PATH` / `--config=PATH` from `args` and return PATH (None when absent)."""
     for i, arg in enumerate(args):
@@ -141,21 +123,19 @@ def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = 
     return _recipe_parser_class()(types, prog=prog, epilog=epilog)
 
 
-def parse_recipe_args(task: str, argv: Sequence[str] | None = None, processes: int | None = None):
+def parse_recipe_args(task: str, argv: Sequence[str] | None = None):
     """Parse a recipe's command line (`--config YAML` plus overrides) for `task`.
 
     Args:
         task: "countdown", "gsm8k", "math" (GRPO) or "sft".
         argv: command-line arguments without the program name (default: `sys.argv[1:]`).
-        processes: parse for this many training processes (default `$WORLD_SIZE`, else 1).
 
     Returns:
         `(script_args, training_args, model_args)`; for GRPO tasks the task defaults are applied and `max_steps`
         is derived from `n_grpo_steps`.
     """
     kind = "sft" if task == "sft" else "grpo"
-    with world_size_env(processes):
-        script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
+    script_args, training_args, model_args = make_parser(kind, task=task).parse_args_and_config(argv)
     if kind == "grpo":
         apply_task_defaults(task, script_args)
         resolve_max_steps(script_args, training_args)

@@ -1,0 +1,163 @@
+"""trl_ext.preflight.models / memory: parameter counts against transformers' own models, the estimate of one recipe
+against numbers computed by hand, its arithmetic on every shipped GPU recipe, and knobs that really fit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trl_ext.preflight import KNOWN_CONFIGS, ModelShape, estimate_memory, knobs_to_fit, load_model_shape
+from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB
+from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, stated_values, training_setup
+from trl_ext.preflight.table import grpo_recipes
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+QWEN3_1_7B_PARAMS = 1_720_574_976  # published: 1.72 B; checked against transformers below
+
+
+def _transformers_param_count(config: dict) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_CONFIGS))
+def test_parameter_count_equals_transformers_model(name):
+    """Independent reference: the model transformers builds from the same config (on the meta device, no memory).
+    Bug caught: a forgotten tensor (Qwen2's q/k/v biases, Qwen3's q/k norms, an untied LM head)."""
+    shape = ModelShape.from_config(KNOWN_CONFIGS[name], name)
+    assert shape.params == _transformers_param_count(KNOWN_CONFIGS[name])
+
+
+def test_untied_head_and_qkv_bias_are_counted():
+    config = {**KNOWN_CONFIGS["Qwen/Qwen2.5-1.5B-Instruct"], "tie_word_embeddings": False, "num_hidden_layers": 2}
+    assert ModelShape.from_config(config).params == _transformers_param_count(config)
+    assert ModelShape.from_config(KNOWN_CONFIGS["Qwen/Qwen3-1.7B"]).params == QWEN3_1_7B_PARAMS
+
+
+def test_missing_architecture_field_is_named():
+    with pytest.raises(ValueError, match=r"m: config.json lacks \['intermediate_size'\]"):
+        ModelShape.from_config(
+            {k: v for k, v in KNOWN_CONFIGS["Qwen/Qwen3-0.6B"].items() if k != "intermediate_size"}, "m"
+        )
+    shape, source = load_model_shape("nobody/unknown-model")
+    assert shape is None and "not a shipped model" in source
+
+
+def test_seed000_drgrpo_l256_by_hand():
+    """recipes/countdown/seed000_drgrpo_l256.yaml on one GPU, server mode: every component computed by hand.
+
+    P = 1,720,574,976; fp32 master weights with torch AdamW (foreach): weights 4P, gradients 4P, states 8P, the
+    step's foreach temporary 4P. H = 2048, L = 28, I = 6144, q = 2048, kv = 1024, V = 151,936.
+    Micro-batch 2 x (266 prompt + 256 completion) = 1044 tokens; checkpointed: per token L x H x 4 = 229,376 plus
+    two layers' internals 2 x (4 H x 4 + 2 (3 q + 3 kv + 2 H + 5 I)) = 2 x 120,832 -> 471,040 x 1044 = 491,765,760.
+    Log-prob head: fp32 head gradient V H 4 = 1,244,659,712 + 512 scored tokens x H x (4 + 4) = 8,388,608 + one
+    512 x 32768 bf16 tile 33,554,432 = 1,286,602,752. Validation: 128 prompts x 522 tokens = 66,816 x
+    (2 H 4 + 2 (2 q + 2 kv + 3 I)) = 66,816 x 65,536 = 4,378,853,376, plus 32,768 scored x H x 4 = 268,435,456 and
+    a 4096 x 32768 tile 268,435,456.
+    """
+    script, args, model = _parse("countdown/seed000_drgrpo_l256.yaml")
+    report = check_recipe(
+        "countdown", RECIPES / "countdown/seed000_drgrpo_l256.yaml", [], (script, args, model), _ctx()
+    )
+    phases = report.estimate.phases
+    p = QWEN3_1_7B_PARAMS
+    assert phases["train"] == {
+        "weights": 4 * p,
+        "optimizer states": 8 * p,
+        "gradients": 4 * p,
+        "activations": 491_765_760,
+        "log-prob head": 1_286_602_752,
+    }
+    assert phases["optimizer step"] == {
+        "weights": 4 * p,
+        "optimizer states": 8 * p,
+        "gradients": 4 * p,
+        "optimizer step temporaries": 4 * p,
+    }
+    assert phases["generation"] == {"weights": 4 * p, "optimizer states": 8 * p}  # the server holds the generator
+    assert phases["eval"]["validation forward"] == 4_378_853_376 + 268_435_456 + 268_435_456
+    assert report.estimate.peak_phase == "optimizer step"
+    assert report.estimate.peak_bytes == 20 * p + RUNTIME_OVERHEAD_GIB * GIB  # 32.05 GiB + 1.5
+    assert round(report.estimate.peak_gib, 2) == 33.55
+
+
+def _parse(recipe: str, *extra: str):
+    from trl_ext.recipes import parse_recipe_args
+
+    return parse_recipe_args(recipe.split("/")[0], ["--config", str(RECIPES / recipe), "--use_cpu", "true", *extra])
+
+
+def _ctx(**kwargs) -> RunContext:
+    return RunContext(check_packages=False, **kwargs)
+
+
+@pytest.mark.parametrize("recipe", grpo_recipes())
+def test_estimate_arithmetic_on_every_gpu_recipe(recipe, tmp_path):
+    """For each shipped GPU recipe, on one GPU and on ZeRO-3 over 4: the weights are the right bytes times the
+    transformers parameter count, ZeRO-3 shards them by 4, each phase is the sum of its parts, the peak is the
+    largest phase plus the runtime allowance, and a longer completion costs more in the training phase."""
+    task = recipe.split("/")[0]
+    parsed = _parse(recipe, "--output_dir", str(tmp_path / "run"))
+    stated = stated_values(RECIPES / recipe)
+    single = check_recipe(task, RECIPES / recipe, [], parsed, _ctx(), stated).estimate
+    zero3 = check_recipe(task, RECIPES / recipe, [], parsed, _ctx(world_size=4, zero_stage=3), stated).estimate
+    model = parsed[2]
+    params = _transformers_param_count(KNOWN_CONFIGS[model.model_name_or_path])
+    weight_bytes = 2 if str(model.dtype) == "bfloat16" else 4
+    assert single.phases["train"]["weights"] == weight_bytes * params
+    assert zero3.phases["train"]["weights"] * 4 == 2 * params  # DeepSpeed: bf16 weights, sharded over 4
+    for estimate in (single, zero3):
+        totals = {name: sum(parts.values()) for name, parts in estimate.phases.items()}
+        assert estimate.peak_bytes == max(totals.values()) + RUNTIME_OVERHEAD_GIB * GIB
+    setup = training_setup(task, parsed[0], parsed[1], model, _layout(stated), _ctx())
+    assert setup.prompt_tokens == PROMPT_TOKENS[task] and setup.completion_tokens == parsed[1].max_completion_length
+    shape, _ = load_model_shape(model.model_name_or_path)
+    longer = estimate_memory(shape, replace(setup, completion_tokens=2 * setup.completion_tokens))
+    assert longer.phase_total("train") > single.phase_total("train") and longer.peak_bytes >= single.peak_bytes
+
+
+def _layout(stated):
+    from trl_ext.preflight import plan_batches
+
+    return plan_batches(stated, 1)
+
+
+def test_pure_bf16_variant_halves_weights_and_states():
+    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx()).estimate
+    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx()).estimate
+    for part in ("weights", "gradients", "optimizer states"):
+        assert bf16.phases["train"][part] * 2 == fp32.phases["train"][part]
+
+
+def test_seed004_fits_24_gib_and_each_knob_really_fits():
+    """Seed 004's recipe fits one 24 GiB GPU; with fp32 AdamW instead of 8-bit it does not, and every knob the
+    preflight offers brings its own re-estimate under the limit. Bug caught: a knob list that does not fit."""
+    shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    parsed = _parse("gsm8k/seed004_24gb.yaml")
+    report = check_recipe("gsm8k", None, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24))
+    assert report.estimate.peak_gib < 24 and not [p for p in report.problems if p.field == "gpu memory"]
+    setup = replace(training_setup("gsm8k", *parsed, report.layout, _ctx(gpu_memory_gib=24)), optim="adamw_torch")
+    assert estimate_memory(shape, setup).peak_gib > 24
+    knobs = knobs_to_fit(shape, setup, 24)
+    assert [k.flags.split()[0] for k in knobs] == ["--optim", "--use_peft", "--dtype"]
+    assert knobs[0].flags == "--optim adamw_bnb_8bit"
+    for knob in knobs:
+        assert knob.estimate.peak_gib <= 24
+    refused = check_recipe(
+        "gsm8k",
+        None,
+        [],
+        _parse("gsm8k/seed004_24gb.yaml", "--optim", "adamw_torch"),
+        _ctx(memory_limit_gib=24, gpu_memory_gib=24),
+    )
+    [problem] = [p for p in refused.problems if p.field == "gpu memory"]
+    assert "exceeds the 24 GiB limit" in problem.message and "--optim adamw_bnb_8bit ->" in problem.fix
