@@ -23,12 +23,10 @@ from trl_ext.tasks.countdown import (
     countdown_key,
     countdown_prompt,
     countdown_question,
-    countdown_solutions,
     load_countdown,
     make_countdown_demo_splits,
-    make_countdown_problems,
-    solve_countdown,
 )
+from trl_ext.tasks.countdown_solver import countdown_solutions, make_countdown_problems, solve_countdown
 from trl_ext.tasks.gsm8k import gsm8k_final_answer, load_gsm8k
 from trl_ext.tasks.math import load_math
 from trl_ext.tasks.prompts import CHAT_PROMPTS, PROMPTS, format_prompt, get_prompt

@@ -8,22 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.tasks._io import RowError, as_int, build_dataset, convert_rows, read_rows
-from trl_ext.tasks.countdown_solver import countdown_solutions, make_countdown_problems, solve_countdown
+from trl_ext.tasks.countdown_solver import countdown_solutions as countdown_solutions
+from trl_ext.tasks.countdown_solver import make_countdown_problems
+from trl_ext.tasks.countdown_solver import solve_countdown as solve_countdown
 from trl_ext.tasks.prompts import format_prompt, get_prompt
-
-__all__ = [
-    "COUNTDOWN_QUESTION",
-    "compact_completion",
-    "compact_prompt",
-    "countdown_key",
-    "countdown_prompt",
-    "countdown_question",
-    "countdown_solutions",
-    "load_countdown",
-    "make_countdown_demo_splits",
-    "make_countdown_problems",
-    "solve_countdown",
-]
 
 DEFAULT_HUB_ID = "justinphan3110/Countdown-Tasks-3to4"
 PROMPT_NAMES = ("tinyzero", "countdown", "r1_zero", "compact")
