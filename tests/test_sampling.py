@@ -310,9 +310,11 @@ def test_cap_of_one_keeps_the_varied_group_first_and_skip_drops_the_filler(char_
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
 
 
-def test_training_steps_see_no_equal_reward_group(char_tokenizer, tmp_path):
-    """Through `trainer.train()` (TRL's buffering and micro-batch split): every trained group has varied rewards,
-    some steps needed extra generation batches, and the counts reach the logs."""
+@pytest.mark.parametrize(("per_device", "accumulation"), [(2 * GROUP, 1), (GROUP, 2)])
+def test_training_steps_see_no_equal_reward_group(char_tokenizer, tmp_path, per_device, accumulation):
+    """Through `trainer.train()` (TRL's buffering and micro-batch split, one or two micro-batches per generation
+    batch): every trained group has varied rewards, some steps needed extra generation batches, and the counts reach
+    the logs."""
 
     class Final(AblationGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -320,7 +322,16 @@ def test_training_steps_see_no_equal_reward_group(char_tokenizer, tmp_path):
             self.trained.append(self._gathered_rewards[:, 0].view(-1, GROUP))
             return output
 
-    trainer = _trainer(char_tokenizer, tmp_path, Final, max_steps=3, max_generation_batches=8)
+    trainer = _trainer(
+        char_tokenizer,
+        tmp_path,
+        Final,
+        max_steps=3,
+        max_generation_batches=8,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+    )
+    assert trainer.args.steps_per_generation == accumulation
     trainer.trained = []
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
