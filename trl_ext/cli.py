@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from trl_ext import evaluation, launch, plotting
+from trl_ext import discover, evaluation, launch, plotting
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="trl_ext: GRPO ablations with verified rewards.")
 
@@ -20,6 +20,7 @@ def _root() -> None:
 evaluation.register(app)
 plotting.register(app)
 launch.register(app)
+discover.register(app)
 
 
 def main() -> None:

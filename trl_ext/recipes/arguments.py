@@ -18,6 +18,8 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "gsm8k": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
     "math": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
+    # One problem asked over and over (trl_ext.tasks.kissing): validation samples the same prompt.
+    "kissing": {"prompt": "kissing", "reward_funcs": ["kissing"], "dataset_split": "train", "eval_split": "train"},
 }
 SFT_DEFAULT_DATASET = "PrimeIntellect/INTELLECT-MATH-SFT-Data"
 

@@ -23,6 +23,12 @@ from trl_ext.rewards.countdown import (
     extract_answer,
     validate_numbers,
 )
+from trl_ext.rewards.kissing import (
+    KissingReward,
+    run_points_program,
+    score_kissing_completion,
+    verify_kissing_configuration,
+)
 from trl_ext.rewards.math import (
     extract_boxed,
     extract_gsm8k_answer,
@@ -38,12 +44,14 @@ from trl_ext.rewards.trl_rewards import CountdownReward, MathReward, completion_
 countdown_reward = CountdownReward()
 r1_zero_reward = MathReward("r1_zero")
 question_only_reward = MathReward("question_only")
+kissing_reward = KissingReward()
 
 REWARD_FUNCS = {
     "countdown": countdown_reward,
     "countdown_all_numbers": CountdownReward(require_all=True),
     "r1_zero": r1_zero_reward,
     "question_only": question_only_reward,
+    "kissing": kissing_reward,
 }
 
 
@@ -85,6 +93,7 @@ __all__ = [
     "REWARD_CLASSES",
     "REWARD_FUNCS",
     "CountdownReward",
+    "KissingReward",
     "MathReward",
     "SoftOverlong",
     "completion_text",
@@ -97,11 +106,15 @@ __all__ = [
     "extract_gsm8k_answer",
     "get_reward_funcs",
     "grade",
+    "kissing_reward",
     "normalize_answer",
     "question_only_reward",
     "question_only_reward_fn",
     "r1_zero_reward",
     "r1_zero_reward_fn",
+    "run_points_program",
+    "score_kissing_completion",
     "soft_overlong_penalty",
     "validate_numbers",
+    "verify_kissing_configuration",
 ]

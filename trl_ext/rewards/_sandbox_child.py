@@ -4,7 +4,8 @@ Passed by `_sandbox_launcher` to a fresh `python -I -c` as an unprivileged user 
 `sys.argv` is `["-c", NAME, MAX_BYTES]`. Before the program runs, an audit hook (PEP 578) refuses sockets, new
 processes and writes outside the working directory with a clear `PermissionError`. The hook is a courtesy that
 gives readable errors, not the boundary (code can bypass it through `ctypes`); the launcher's namespaces, uid and
-rlimits are. Result lines: `{"value": ...}` or `{"error": "..."}`.
+rlimits are. Result lines: `{"value": ...}`, or `{"error": "...", "exception": "TypeName"}` when the program raised,
+or `{"error": "..."}` when its global is missing or cannot be sent.
 """
 
 import json
@@ -60,16 +61,16 @@ def _plain(value, where: str, depth: int = 0):
         return _plain(value.tolist(), where, depth)
     if isinstance(value, list | tuple | set | frozenset) and depth < 3:
         return [_plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
-    raise TypeError(f"{where} is a {type(value).__name__}; send plain lists of ints")
+    raise TypeError(f"`{where}` is a {type(value).__name__}; send plain lists of ints")
 
 
 def _send(record: dict, max_bytes: int) -> None:
     try:
         line = json.dumps(record, allow_nan=False)
     except ValueError as err:  # NaN, or an int beyond Python's int-to-str digit limit
-        line = json.dumps({"error": f"{sys.argv[1]} cannot be sent back: {err}"})
+        line = json.dumps({"error": f"`{sys.argv[1]}` cannot be sent back: {err}"})
     if len(line) > max_bytes:
-        line = json.dumps({"error": f"{sys.argv[1]} is {len(line)} bytes as JSON, over the limit of {max_bytes}"})
+        line = json.dumps({"error": f"`{sys.argv[1]}` is {len(line)} bytes as JSON, over the limit of {max_bytes}"})
     data = (line + "\n").encode()
     while data:  # a signal can interrupt a long write part-way
         data = data[os.write(RESULT_FD, data) :]
@@ -96,7 +97,7 @@ def main() -> None:
             _send({"error": f"program exited with status {err.code!r}"}, max_bytes)
             return
     except BaseException as err:
-        _send({"error": _error_text(err)}, max_bytes)
+        _send({"error": _error_text(err), "exception": type(err).__name__}, max_bytes)
         return
     finally:
         sys.stdout.flush()

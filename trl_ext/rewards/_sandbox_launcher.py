@@ -11,7 +11,8 @@ Trusted code only; the model's program starts after the `execve` at the end. Ste
    interpreter bound back, which also hides the rest of them.
 3. As root: a per-run unused uid/gid (so RLIMIT_NPROC counts only this run's processes and file permissions apply);
    otherwise the caller's ids.
-4. rlimits (CPU, address space, processes, file size, open files, no core files), death with the launcher.
+4. rlimits (CPU, address space, processes, file size, open files, no core files); death with the parent (the
+   launcher with the process that started it, the child with the launcher).
 5. With a PID namespace the launcher forks the child as PID 1 of it and waits: when PID 1 dies the kernel kills
    every process left in the namespace, including ones that left the process group.
 
@@ -233,6 +234,10 @@ def _exec_child(config: dict, iso: dict, workdir: str, bootstrap: str) -> None:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    # Die with the process that started us (a trainer killed mid-batch must not leave programs running).
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl")
+    if os.getppid() != config["parent_pid"]:
+        os._exit(70)
     # Move the two pipes to 3 and 4 through numbers >= 10, whatever numbers they arrived on.
     result, control = (fcntl.fcntl(config[key], fcntl.F_DUPFD, 10) for key in ("result_fd", "control_fd"))
     os.close(config["result_fd"])

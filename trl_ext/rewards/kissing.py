@@ -289,7 +289,9 @@ class KissingReward:
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         dimensions = columns.get("dimension")
         if dimensions is not None and len(dimensions) != len(completions):
-            raise ValueError(f"{self.__name__}: column 'dimension' has {len(dimensions)} values for {len(completions)}")
+            raise ValueError(
+                f"{self.__name__}: column 'dimension' has {len(dimensions)} values for {len(completions)} completions"
+            )
         results = self.score(completions, dimensions)
         valid = [r["num_points"] if r["validity"] == 1.0 else 0 for r in results]
         if log_metric is not None and results:

@@ -75,7 +75,7 @@ class SandboxLimits:
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
         if self.processes < 2:
-            raise ValueError(f"SandboxLimits.processes must be >= 2 (the launcher and the program), got {self.processes}")
+            raise ValueError(f"SandboxLimits.processes must be >= 2 (launcher and program), got {self.processes}")
 
 
 def _next_uid() -> int:
@@ -83,24 +83,46 @@ def _next_uid() -> int:
         return _UID_BASE + ((os.getpid() & 0x3FFFFF) << 6 | next(_uid_counter) & 0x3F)
 
 
+def _live_pids(uid: int | None = None, pids: tuple[int, ...] = ()) -> list[int]:
+    """Processes, zombies aside, whose real uid is `uid` or whose pid is in `pids`."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        if uid is None and int(name) not in pids:
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if fields.get("State", "").strip().startswith("Z"):
+            continue
+        if int(name) in pids or (uid is not None and int(fields.get("Uid", "-1 ").split()[0]) == uid):
+            found.append(int(name))
+    return found
+
+
 def _kill_user(uid: int) -> None:
     """SIGKILL every process of `uid` (root only): a helper switches to `uid` and calls kill(-1), which the kernel
-    applies atomically to all of that user's processes, so forks cannot outrun it."""
-    if not any(_proc_uid(pid) == uid for pid in os.listdir("/proc") if pid.isdigit()):
-        return
-    code = f"import os; os.setgroups([]); os.setresgid({uid},{uid},{uid}); os.setresuid({uid},{uid},{uid}); os.kill(-1, 9)"
-    subprocess.run([sys.executable, "-I", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    applies to all of that user's processes at once, so forks cannot outrun it."""
+    ids = f"{uid}, {uid}, {uid}"
+    code = f"import os; os.setgroups([]); os.setresgid({ids}); os.setresuid({ids}); os.kill(-1, 9)"
+    subprocess.run([sys.executable, "-I", "-c", code], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
 
 
-def _proc_uid(pid: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+def _wait_gone(uid: int | None, pids: tuple[int, ...], timeout: float = 5.0) -> bool:
+    """Wait until no process of the run is alive; SIGKILL is asynchronous and a PID namespace is torn down after
+    its init dies. As root, stragglers of the private uid are killed outright after a short wait."""
+    start = time.monotonic()
+    killed = False
+    while _live_pids(uid, pids):
+        waited = time.monotonic() - start
+        if waited > timeout:
+            return False
+        if uid is not None and not killed and waited > 0.5:
+            _kill_user(uid)
+            killed = True
+        time.sleep(0.01)
+    return True
 
 
 def _is_namespace_init(pid: int) -> bool:
@@ -153,10 +175,10 @@ class _Run:
             "python": sys.executable,
             "bootstrap": str(CHILD),
             "rundir": self.rundir,
+            "parent_pid": os.getpid(),
             "uid": self.uid,
             "result_fd": result_w,
             "control_fd": control_w,
-            "name": self.name,
             "limits": {
                 "cpu_s": cpu,
                 "memory_mb": self.limits.memory_mb,
@@ -209,7 +231,8 @@ class _Run:
         while selector.get_map() and self.verdict is None:
             now = time.monotonic()
             if now >= deadline:
-                self.verdict = f"time limit: the program ran for more than {self.limits.time_limit_s:g} s and was killed"
+                limit = self.limits.time_limit_s
+                self.verdict = f"time limit: the program ran for more than {limit:g} s and was killed"
                 break
             # Without a PID namespace a background child of the program can hold the pipes open after the program
             # ended: give it a moment, then stop listening (it is killed below).
@@ -231,7 +254,8 @@ class _Run:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher is not reaped yet, so its group id is ours
         except (ProcessLookupError, PermissionError):
             pass
-        for record in _records(bytes(self.buffers["control"])):
+        control = _records(bytes(self.buffers["control"]))
+        for record in control:
             pid = record.get("child_pid")
             if isinstance(pid, int) and _is_namespace_init(pid):
                 try:
@@ -239,8 +263,8 @@ class _Run:
                 except (ProcessLookupError, PermissionError):
                     pass
         self.proc.wait()
-        if self.uid is not None:
-            _kill_user(self.uid)
+        pids = tuple(r["child_pid"] for r in control if isinstance(r.get("child_pid"), int))
+        self.leftover = not _wait_gone(self.uid, pids)
 
     def close(self) -> None:
         self.proc.stdout.close()
@@ -262,12 +286,18 @@ def _signal_text(sig: int, limits: SandboxLimits) -> str:
     return notes.get(sig, f"the program died from signal {name}")
 
 
-def _error_text(error: str, limits: SandboxLimits) -> str:
-    if error.startswith("MemoryError"):
-        return f"the program failed: {error} (memory limit {limits.memory_mb} MiB)"
-    if error.startswith("BlockingIOError") or "Resource temporarily unavailable" in error.split("\n")[0]:
-        return f"the program failed: {error} (process limit {limits.processes})"
-    return error if error.startswith("the program") else f"the program failed: {error}"
+def _error_text(record: dict, limits: SandboxLimits) -> str:
+    """The child's error record as a verdict; an exception gets the limit it most likely hit."""
+    error, exception = record["error"], record.get("exception")
+    if exception is None:
+        return error
+    notes = {
+        "MemoryError": f" (memory limit {limits.memory_mb} MiB)",
+        "BlockingIOError": f" (process limit {limits.processes})",
+        "RecursionError": "",
+    }
+    first, _, rest = error.partition("\n")
+    return f"the program raised {first}{notes.get(exception, '')}" + (f"\n{rest}" if rest else "")
 
 
 def run_python(source: str, name: str = "points", limits: SandboxLimits | None = None) -> dict:
@@ -303,6 +333,8 @@ def run_python(source: str, name: str = "points", limits: SandboxLimits | None =
     setup_error = next((r["setup_error"] for r in control if "setup_error" in r), None)
     results = _records(bytes(run.buffers["result"]))
     output = bytes(run.buffers["output"]).decode("utf-8", errors="replace")
+    if run.leftover:
+        isolation["leftover_processes"] = True  # still alive 5 s after SIGKILL (say so rather than hide it)
     out = {"value": None, "error": None, "seconds": seconds, "output": output, "isolation": isolation}
     if setup_error is not None:
         out["error"] = f"sandbox setup failed: {setup_error}"
@@ -311,7 +343,7 @@ def run_python(source: str, name: str = "points", limits: SandboxLimits | None =
     elif results and "value" in results[-1]:
         out["value"] = results[-1]["value"]
     elif results and isinstance(results[-1].get("error"), str):
-        out["error"] = _error_text(results[-1]["error"], limits)
+        out["error"] = _error_text(results[-1], limits)
     elif run.proc.returncode < 0 and -run.proc.returncode != signal.SIGKILL:
         out["error"] = _signal_text(-run.proc.returncode, limits)
     elif run.proc.returncode != 0:

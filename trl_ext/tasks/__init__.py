@@ -28,11 +28,12 @@ from trl_ext.tasks.countdown import (
 )
 from trl_ext.tasks.countdown_solver import countdown_solutions, make_countdown_problems, solve_countdown
 from trl_ext.tasks.gsm8k import gsm8k_final_answer, load_gsm8k
+from trl_ext.tasks.kissing import kissing_prompt, load_kissing
 from trl_ext.tasks.math import load_math
 from trl_ext.tasks.prompts import CHAT_PROMPTS, PROMPTS, format_prompt, get_prompt
 
 #: Loader of each task name.
-TASKS = {"countdown": load_countdown, "gsm8k": load_gsm8k, "math": load_math}
+TASKS = {"countdown": load_countdown, "gsm8k": load_gsm8k, "math": load_math, "kissing": load_kissing}
 
 
 def load_task(
@@ -75,8 +76,10 @@ __all__ = [
     "format_prompt",
     "get_prompt",
     "gsm8k_final_answer",
+    "kissing_prompt",
     "load_countdown",
     "load_gsm8k",
+    "load_kissing",
     "load_math",
     "load_task",
     "make_countdown_demo_splits",

@@ -1,0 +1,31 @@
+"""Kissing configurations with GRPO (seed 002, section 7; `recipes/kissing/*.yaml`): the reward runs the policy's
+programs in the sandbox and scores them with the exact verifier.
+
+    accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/kissing.py \\
+        --config recipes/kissing/grpo.yaml [--flag value ...]
+
+`--help` lists every recipe field. Steps: parse the recipe (YAML `base:` chain, then flags) -> the kissing prompt
+rows (trl_ext.tasks.kissing) -> the `kissing` reward (trl_ext.rewards.kissing) -> AblationGRPOTrainer -> train ->
+save -> validation.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from trl_ext.recipes import run_grpo_recipe
+
+TASK = "kissing"
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    return run_grpo_recipe(TASK, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The sandbox with hostile programs: each gets a clear verdict within its time limit and nothing outlives the run.
+
+Two layers are tested separately: the audit hook's readable refusals (plain `os.fork`, `socket`, `open`) and the
+kernel's containment underneath (the same attacks through `ctypes` and libc, which bypass the hook). Kernel checks
+that depend on an isolation the machine may not grant (a network namespace, a read-only root) skip, naming the
+missing piece, when the run reports it did not apply.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from trl_ext.rewards.kissing import run_points_program
+from trl_ext.rewards.sandbox import SandboxLimits, run_python
+
+SHORT = 2.0  # seconds: the limit of the cases that must be killed
+GRACE = 30.0  # generous slack for a loaded 2-core machine; an unbounded run would never return at all
+
+
+def _leftovers(uid: int | None) -> list[int]:
+    """Live processes (zombies are dead, waiting for init to reap them) of the run's private uid (root mode);
+    [] when runs share the caller's uid."""
+    if uid is None or uid == os.getuid():
+        return []
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(status["Uid"].split()[0]) == uid and not status["State"].strip().startswith("Z"):
+            found.append(int(pid))
+    return found
+
+
+def _run(source: str, time_limit_s: float = 10.0, **limits) -> dict:
+    start = time.monotonic()
+    result = run_python(source, "points", SandboxLimits(time_limit_s=time_limit_s, **limits))
+    assert time.monotonic() - start < time_limit_s + GRACE
+    assert _leftovers(result["isolation"].get("uid")) == [], "a sandboxed process outlived its run"
+    return result
+
+
+HOSTILE = [
+    # (case, program, limits, verdict substring)
+    ("infinite loop", "while True:\n    pass", {"time_limit_s": SHORT}, "time limit: the program ran for more than 2"),
+    ("sleeps forever", "import time\nwhile True:\n    time.sleep(1)", {"time_limit_s": SHORT}, "time limit"),
+    (
+        "fork bomb (os.fork)",
+        "import os\nwhile True:\n    os.fork()",
+        {},
+        "PermissionError: starting processes (os.fork) is disabled in the sandbox",
+    ),
+    (
+        "fork bomb (libc fork, past the audit hook)",
+        "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()",
+        {"time_limit_s": SHORT},
+        "time limit",
+    ),
+    (
+        "memory bomb",
+        "x = []\nwhile True:\n    x.append(bytearray(10**7))",
+        {"memory_mb": 512},
+        "the program raised MemoryError:  (memory limit 512 MiB)",
+    ),
+    (
+        "huge points",
+        "points = [[123456789] * 11] * 20000",
+        {"max_result_bytes": 1 << 20},
+        # 20000 rows of 11 nine-digit ints: 20000 * 121 + 19999 * 2 + 2 characters, plus 11 for '{"value": ...}'
+        "`points` is 2460011 bytes as JSON, over the limit of 1048576",
+    ),
+    (
+        "prints megabytes",
+        "print('x' * 5_000_000)\npoints = [[1] * 11]",
+        {},
+        "output limit: the program printed more than 1048576 bytes and was killed",
+    ),
+    (
+        "fills the disk",
+        "f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * 10**6)",
+        {"file_mb": 4},
+        "the program raised OSError: [Errno 27] File too large",
+    ),
+    (
+        "opens a socket",
+        "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)",
+        {},
+        "the program raised PermissionError: network access is disabled in the sandbox",
+    ),
+    ("points is not a list", "points = 'hello'", {}, "`points` must be a list of vectors, got str"),
+    ("points of objects", "points = [[object()]]", {}, "`points[0][0]` is a object; send plain lists of ints"),
+    ("no points", "x = 1", {}, "the program did not define a global `points`"),
+    ("raises", "1 / 0", {}, "the program raised ZeroDivisionError: division by zero\n  line 1: 1 / 0"),
+    ("exits non-zero", "import sys\nsys.exit(3)", {}, "program exited with status 3"),
+    ("syntax error", "points = [[1, 2]", {}, "the program raised SyntaxError"),
+]
+
+
+@pytest.mark.parametrize(("case", "source", "limits", "verdict"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_program_gets_a_clear_verdict(case, source, limits, verdict):
+    result = _run(source, **limits)
+    assert result["value"] is None
+    assert verdict in result["error"], (case, result["error"])
+
+
+def test_writing_outside_the_working_directory_is_refused(tmp_path):
+    target = tmp_path / "escaped.txt"
+    result = _run(f"open({str(target)!r}, 'w').write('x')\npoints = [[1]]")
+    assert "the sandbox allows changes only inside its working directory" in result["error"]
+    assert not target.exists()
+
+
+def test_writing_outside_through_libc_is_refused_by_the_kernel():
+    """Past the audit hook: a read-only root (namespaces) or a private uid (root) must stop the write. The target
+    is in the checkout, which the sandbox sees (a path under /tmp would simply not exist behind its private /tmp)."""
+    outside = tempfile.mkdtemp(dir=Path(__file__).resolve().parents[1], prefix=".sandbox_probe_")
+    os.chmod(outside, 0o777)  # writable by anyone: only the read-only mount can stop the write
+    target = Path(outside) / "escaped.txt"
+    source = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"fd = libc.open({str(target).encode()!r}, os.O_CREAT | os.O_WRONLY, 0o644)\n"
+        "points = [[fd, ctypes.get_errno()]]"
+    )
+    result = _run(source)
+    iso = result["isolation"]
+    if not iso.get("read_only_root"):
+        shutil.rmtree(outside)
+        pytest.skip(f"no read-only root on this machine: {iso}")
+    try:
+        fd, errno = result["value"][0]
+        assert fd == -1 and errno in (13, 30)  # EACCES (private uid) or EROFS (read-only root)
+        assert not target.exists()
+    finally:
+        shutil.rmtree(outside)
+
+
+def test_socket_through_libc_has_no_network():
+    source = (
+        "import ctypes, socket, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)\n"
+        "addr = struct.pack('=H', socket.AF_INET) + struct.pack('!H', 80) + bytes([1, 1, 1, 1]) + bytes(8)\n"
+        "points = [[fd, libc.connect(fd, addr, 16), ctypes.get_errno()]]"
+    )
+    result = _run(source)
+    if "net" not in result["isolation"].get("namespaces", []):
+        pytest.skip(f"no network namespace on this machine: {result['isolation']}")
+    _, connected, errno = result["value"][0]
+    assert connected == -1 and errno == 101  # ENETUNREACH: the namespace has no interface up
+
+
+def test_process_limit_caps_forks_past_the_audit_hook():
+    """Catches a missing RLIMIT_NPROC (or root ignoring it): at most `processes` tasks, the rest of 40 forks fail."""
+    source = (
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\nok = failed = 0\n"
+        "for _ in range(40):\n    pid = libc.fork()\n"
+        "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+        "    ok, failed = (ok + 1, failed) if pid > 0 else (ok, failed + 1)\n"
+        "points = [[ok, failed]]"
+    )
+    result = _run(source, processes=8)
+    ok, failed = result["value"][0]
+    assert ok + failed == 40 and 0 < ok < 8 and failed > 0
+    # the 30 s sleepers died with the run (checked in _run): the whole run took far less than 30 s
+    assert result["seconds"] < 30
+
+
+def test_a_process_that_leaves_the_session_still_dies_with_the_run():
+    """Double fork + setsid through libc escapes a process-group kill; the PID namespace or the private uid must
+    still end it."""
+    source = (
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None)\n"
+        "if libc.fork() == 0:\n    libc.setsid()\n    if libc.fork() == 0:\n        time.sleep(60)\n"
+        "    os._exit(0)\ntime.sleep(0.5)\npoints = [[1]]"
+    )
+    result = _run(source)  # _run asserts no process of the run's uid is left
+    assert result["value"] == [[1]]
+    iso = result["isolation"]
+    assert "pid" in iso.get("namespaces", []) or iso.get("root"), f"nothing would catch an escapee here: {iso}"
+
+
+def test_valid_programs_return_data_and_numpy_becomes_lists():
+    result = run_points_program("import numpy as np\nprint('hello')\npoints = np.eye(11, dtype=np.int64)[:3]")
+    assert result["error"] is None
+    assert result["points"] == [[1 if j == i else 0 for j in range(11)] for i in range(3)]
+    assert result["output"] == "hello\n" and result["seconds"] > 0
+    tuples = run_points_program("points = {(1, 0), (0, 1)}")  # a set of tuples arrives as a list of lists
+    assert sorted(tuples["points"]) == [[0, 1], [1, 0]]
+
+
+def test_the_program_runs_in_a_fresh_empty_directory_and_leaves_nothing_behind():
+    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("trl_ext_sandbox_")}
+    result = run_points_program("import os\nopen('note', 'w').write('x')\npoints = [sorted(os.listdir('.'))]")
+    assert result["points"] == [["note", "program.py"]]
+    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("trl_ext_sandbox_")}
+    assert after <= before
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="SandboxLimits.memory_mb must be a positive number"):
+        SandboxLimits(memory_mb=0)
+    with pytest.raises(ValueError, match="SandboxLimits.processes must be >= 2"):
+        SandboxLimits(processes=1)
+    with pytest.raises(TypeError, match="source must be a str"):
+        run_python(b"points = []")

@@ -1,0 +1,165 @@
+"""The verifier-guided discovery loop: Best@N sampling and iterative refinement with the verifier's message.
+
+Round 1 sends the task prompt and samples N programs; each runs in the sandbox and goes through the exact verifier
+(`trl_ext.rewards.kissing`). Every later round continues the conversation from the previous round's best attempt
+(the largest valid |C|, else an attempt whose program ran, else any): its reply, then a user turn with the
+verifier's message (`Minimum squared distance 36 < maximum squared norm 40: ...`) and the best score so far, and
+samples N again. N > 1 with one round is Best@N; N = 1 with several rounds is pure refinement.
+
+Written to `output_dir` after every round: `program.py` (the best valid program), `conversation_log.json` (every
+request, reply, program and verdict) and `report.md` (a skeleton with the score history, to complete by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trl_ext.discover.report import write_report
+from trl_ext.tasks.kissing import kissing_prompt
+
+__all__ = ["FEEDBACK_PROMPT", "DiscoveryConfig", "run_discovery"]
+
+FEEDBACK_PROMPT = """\
+The verifier's verdict on your program: {message}
+Score: {score}. Best score so far: {best}.
+Improve the program: find a valid configuration with more points. Reply with the complete program in one \
+```python code block."""
+
+
+@dataclass
+class DiscoveryConfig:
+    """Settings of one discovery run.
+
+    Args:
+        samples: programs sampled per round (N of Best@N).
+        rounds: rounds; each round after the first feeds the verifier's message back.
+        temperature, max_tokens, seed: sampling.
+        time_limit_s: sandbox wall-clock limit per program.
+        dimension: dimension of the vectors.
+        output_dir: where program.py, conversation_log.json and report.md go.
+        workers: programs checked at once.
+        system_prompt: the system message (empty: none).
+        task_prompt: the first user message (default: `trl_ext.tasks.kissing.kissing_prompt`, the GRPO recipe's).
+    """
+
+    samples: int = 4
+    rounds: int = 3
+    temperature: float = 1.0
+    max_tokens: int = 4096
+    seed: int = 0
+    time_limit_s: float = 10.0
+    dimension: int = 11
+    output_dir: str = "discover_out"
+    workers: int = 4
+    system_prompt: str = "You are an expert in discrete geometry and a careful Python programmer."
+    task_prompt: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "rounds", "max_tokens", "dimension", "workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s}")
+        if self.task_prompt is None:
+            self.task_prompt = kissing_prompt(self.dimension, self.time_limit_s)
+
+
+def _rank(attempt: dict) -> tuple:
+    """Best attempt first: valid and largest, then a program that ran (its verdict is the most useful feedback)."""
+    return (attempt["validity"], attempt["score"], attempt["program"] is not None, -attempt["sample"])
+
+
+def _strip_thinking(reply: str) -> str:
+    # Chat templates of reasoning models drop earlier turns' thinking anyway; sending it back only costs context.
+    return reply.rsplit("</think>", 1)[1].strip() if "</think>" in reply else reply
+
+
+def _score_replies(replies: list[str], cfg: DiscoveryConfig, round_index: int) -> list[dict]:
+    from trl_ext.rewards.kissing import extract_program, kissing_score, score_kissing_completion
+    from trl_ext.rewards.sandbox import SandboxLimits
+
+    limits = SandboxLimits(time_limit_s=cfg.time_limit_s)
+
+    def one(item: tuple[int, str]) -> dict:
+        sample, reply = item
+        start = time.monotonic()
+        result = score_kissing_completion(reply, cfg.dimension, limits=limits)
+        return {
+            "round": round_index,
+            "sample": sample,
+            "reply": reply,
+            "program": extract_program(reply),
+            "validity": result["validity"],
+            "num_points": result["num_points"],
+            "score": kissing_score(result),
+            "message": result["message"],
+            "seconds": round(time.monotonic() - start, 3),
+        }
+
+    with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
+        return list(pool.map(one, enumerate(replies, start=1)))
+
+
+def run_discovery(backend, cfg: DiscoveryConfig, progress: Callable[[str], None] = print) -> dict:
+    """Run the loop against `backend` (see `trl_ext.discover.backends`) and write the three files.
+
+    Returns:
+        `{"best": the best valid attempt or None, "best_score": int, "history": best score after each round,
+        "attempts": every attempt, "output_dir": str}`.
+    """
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + [
+        {"role": "user", "content": cfg.task_prompt}
+    ]
+    messages = list(base)
+    log: dict = {"config": asdict(cfg), "backend": backend.name, "rounds": []}
+    attempts: list[dict] = []
+    best: dict | None = None
+    history: list[int] = []
+    started = time.monotonic()
+    for r in range(1, cfg.rounds + 1):
+        progress(f"round {r}/{cfg.rounds}: sampling {cfg.samples} program(s) from {backend.name}")
+        t0 = time.monotonic()
+        replies = backend.chat(messages, cfg.samples, cfg.temperature, cfg.max_tokens, cfg.seed + 1000 * r)
+        generated = time.monotonic() - t0
+        scored = _score_replies(replies, cfg, r)
+        for a in scored:
+            attempts.append(a)
+            verdict = f"valid, |C| = {a['num_points']}" if a["validity"] == 1.0 else a["message"].split("\n")[0][:100]
+            if a["validity"] == 1.0 and (best is None or a["score"] > best["score"]):
+                best = a
+                (out / "program.py").write_text(a["program"])
+            best_score = best["score"] if best else 0
+            where = f"round {r} sample {a['sample']}/{cfg.samples}"
+            progress(f"  {where}: {verdict} ({a['seconds']:.1f} s; best {best_score})")
+        history.append(best["score"] if best else 0)
+        chosen = max(scored, key=_rank)
+        feedback = FEEDBACK_PROMPT.format(message=chosen["message"], score=chosen["score"], best=history[-1])
+        log["rounds"].append(
+            {
+                "round": r,
+                "messages": messages,
+                "generation_seconds": round(generated, 3),
+                "attempts": scored,
+                "chosen_sample": chosen["sample"],
+                "feedback": feedback,
+                "best_score": history[-1],
+            }
+        )
+        messages = [*base, {"role": "assistant", "content": _strip_thinking(chosen["reply"])}]
+        messages.append({"role": "user", "content": feedback})
+        log["best"] = None if best is None else {k: best[k] for k in ("round", "sample", "score", "message")}
+        log["history"] = history
+        (out / "conversation_log.json").write_text(json.dumps(log, indent=1))
+        write_report(out / "report.md", cfg, backend.name, attempts, history, best, time.monotonic() - started)
+    progress(f"best |C| = {history[-1]}; wrote {out / 'conversation_log.json'} and {out / 'report.md'}")
+    return {"best": best, "best_score": history[-1], "history": history, "attempts": attempts, "output_dir": str(out)}
