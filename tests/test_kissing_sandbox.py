@@ -68,7 +68,7 @@ HOSTILE = [
         "memory bomb",
         "x = []\nwhile True:\n    x.append(bytearray(10**7))",
         {"memory_mb": 512},
-        "the program raised MemoryError:  (memory limit 512 MiB)",
+        "the program raised MemoryError (memory limit 512 MiB)",
     ),
     (
         "huge points",

@@ -99,6 +99,11 @@ DIFFS = {
     "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
     "math/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
     "math/question_only.yaml": ("math/r1_zero.yaml", {"prompt", "reward_funcs", "generation_kwargs"}),
+    "kissing/grpo.yaml": (
+        "grpo_defaults.yaml",
+        {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}
+        | {"chat_template_kwargs", "max_completion_length", "generation_kwargs"},
+    ),
     "sft/size_128.yaml": ("sft/base.yaml", {"limit"}),
     "sft/size_256.yaml": ("sft/base.yaml", {"limit"}),
     "sft/size_512.yaml": ("sft/base.yaml", {"limit"}),

@@ -120,6 +120,7 @@ def test_registry():
         "countdown_reward_all_numbers",
         "r1_zero_reward",
         "question_only_reward",
+        "kissing_reward",
     }
     with pytest.raises(ValueError, match=r"\['nope'\].*valid: \['countdown', 'countdown_all_numbers'"):
         get_reward_funcs(["countdown", "nope"])

@@ -79,7 +79,8 @@ def _send(record: dict, max_bytes: int) -> None:
 def _error_text(err: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == "program.py"]
     lines = [f"  line {f.lineno}: {f.line}" for f in frames[-5:]]
-    return "\n".join([f"{type(err).__name__}: {err}"[:2000], *lines])
+    head = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return "\n".join([head[:2000], *lines])
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ least |C|. Score = |C| when valid, else 0. In dimension 11 the seed quotes 595 <
 Pipeline of the reward: completion -> last fenced Python block -> sandbox (`run_points_program`, the program's global
 `points` comes back as JSON data) -> `verify_kissing_configuration` (integer arithmetic only) -> `|C| / 595` when
 valid, plus a small format reward for a program that ran and defined `points` as a list.
+
+numpy loads on the first verification, not at import: `trl_ext.rewards` stays standard-library-only to import.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import math
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 from trl_ext.rewards.sandbox import SandboxLimits, run_python
 
@@ -42,6 +42,8 @@ def _invalid(message: str, num_points: int, dimension: int, **extra) -> dict:
 
 
 def _is_int(value) -> bool:
+    import numpy as np
+
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
@@ -50,8 +52,10 @@ def _describe(value) -> str:
     return f"{text[:40]}... ({type(value).__name__})" if len(text) > 40 else f"{text} ({type(value).__name__})"
 
 
-def _as_matrix(points, dimension: int) -> tuple[np.ndarray | None, str | None]:
+def _as_matrix(points, dimension: int):
     """Points as an (n, d) integer array (int64, or Python ints when int64 could overflow), or an error message."""
+    import numpy as np
+
     if isinstance(points, np.ndarray):
         if points.ndim != 2 or points.shape[1] != dimension:
             return None, f"points has shape {points.shape}; expected (n, {dimension})"
@@ -81,13 +85,15 @@ def _as_matrix(points, dimension: int) -> tuple[np.ndarray | None, str | None]:
     return matrix, None
 
 
-def _closest_pair(x: np.ndarray, norms: np.ndarray) -> tuple[int, int, int]:
+def _closest_pair(x, norms) -> tuple[int, int, int]:
     """`(i, j, |x_i - x_j|^2)` of a closest pair, i < j, exactly: `|x_i|^2 + |x_j|^2 - 2 <x_i, x_j>` in row chunks.
 
     Args:
         x: (n, d) int64 or object (Python int) coordinates, n >= 2.
         norms: (n,) squared norms of the rows of x.
     """
+    import numpy as np
+
     n = len(x)
     above = np.iinfo(np.int64).max if x.dtype != object else math.inf  # marks the pairs j <= i
     rows = max(1, _BLOCK_ENTRIES // n)
@@ -118,6 +124,8 @@ def verify_kissing_configuration(points, dimension: int = 11, max_points: int = 
         None, "max_squared_norm": int or None}`; the message names the first problem found (type, dimension,
         non-integer coordinate, zero vector, duplicate, or the closest pair against the longest vector).
     """
+    import numpy as np
+
     if not isinstance(dimension, int) or isinstance(dimension, bool) or dimension < 1:
         raise ValueError(f"dimension must be a positive int, got {dimension!r}")
     if not isinstance(points, list | tuple | np.ndarray):

@@ -1,0 +1,210 @@
+"""`trl-ext discover` end to end: a scripted OpenAI-compatible server over real HTTP on localhost, and a local
+tiny transformers model; the files it writes, the feedback it sends back, and its errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from trl_ext.rewards.kissing import run_points_program, verify_kissing_configuration
+from trl_ext.rewards.kissing_constructions import (
+    configuration_program,
+    constant_weight_configuration,
+    quadruple_packing,
+    root_system_dn,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+D11 = configuration_program(root_system_dn(11))
+CODE582 = configuration_program(constant_weight_configuration(quadruple_packing(11, 35), 11))
+LONG = D11 + "points.append([3] + [0] * 10)\n"
+# (3, 0, ..., 0) has norm^2 9 > 2, the roots' minimum distance^2: root 0 = (1, 1, 0, ...) and root 4 = (1, 0, 1, ...)
+# are the first pair at distance^2 2 (roots 1-3 are root 0 with signs flipped, at distance^2 4 or 8)
+LONG_MESSAGE = (
+    "Minimum squared distance 2 < maximum squared norm 9: points 0 and 4 are at squared distance 2, "
+    "point 220 has squared norm 9"
+)
+
+
+def _block(program: str) -> str:
+    return f"Here is my program.\n```python\n{program}```\n"
+
+
+# One list of replies per round (n = 2 samples per round).
+SCRIPT = [
+    [_block(LONG), "I cannot write code today."],  # round 1: an invalid program and no program
+    [_block("points = 1 / 0\n"), _block(D11)],  # round 2: a crash and the D11 roots (220)
+    [_block(D11), _block(CODE582)],  # round 3: the weight-4 code construction (582)
+]
+
+
+class ScriptedServer:
+    """A real HTTP server speaking the OpenAI chat-completions API with scripted replies; records each request."""
+
+    def __init__(self, script: list[list[str]], ignore_n: bool = False) -> None:
+        self.script, self.ignore_n, self.requests = script, ignore_n, []
+        self.replies = [reply for round_replies in script for reply in round_replies]
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep pytest output clean
+                pass
+
+            def _send(self, status: int, payload: dict) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.requests.append(request)
+                if self.path != "/v1/chat/completions" or request.get("model") != "scripted-model":
+                    self._send(400, {"error": f"bad request to {self.path}"})
+                    return
+                n = 1 if owner.ignore_n else request["n"]
+                taken, owner.replies = owner.replies[:n], owner.replies[n:]
+                choices = [
+                    {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    for i, text in enumerate(taken)
+                ]
+                self._send(200, {"id": "x", "object": "chat.completion", "choices": choices})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "trl_ext.cli", "discover", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_discover_against_a_scripted_server_over_http(tmp_path):
+    out = tmp_path / "run"
+    with ScriptedServer(SCRIPT) as server:
+        proc = _cli(
+            "--base-url", server.url, "--samples", "2", "--rounds", "3", "--workers", "2", "--output-dir", str(out)
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "best |C| = 582; history [0, 220, 582]" in proc.stdout
+    assert "round 3/3: sampling 2 program(s) from scripted-model" in proc.stderr  # progress lines
+    assert "round 2 sample 2/2: valid, |C| = 220" in proc.stderr
+
+    # The verifier's message of round 1's best attempt (the program that ran) is fed back in round 2.
+    assert len(server.requests) == 3 and all(r["n"] == 2 for r in server.requests)
+    first, second, third = (r["messages"] for r in server.requests)
+    assert [m["role"] for m in first] == ["system", "user"] and "dimension 11" in first[1]["content"]
+    assert second[-2] == {"role": "assistant", "content": _block(LONG)}
+    assert second[-1]["role"] == "user" and LONG_MESSAGE in second[-1]["content"]
+    assert "Score: 0. Best score so far: 0." in second[-1]["content"]
+    assert "Score: 220. Best score so far: 220." in third[-1]["content"]
+
+    # program.py is the best valid program; it is valid on its own when run again through sandbox and verifier.
+    assert (out / "program.py").read_text() == CODE582
+    rerun = run_points_program((out / "program.py").read_text())
+    assert verify_kissing_configuration(rerun["points"])["num_points"] == 582
+
+    log = json.loads((out / "conversation_log.json").read_text())
+    assert log["history"] == [0, 220, 582] and log["backend"] == f"scripted-model at {server.url}"
+    assert log["best"]["round"] == 3 and log["best"]["sample"] == 2 and log["best"]["score"] == 582
+    messages = [[a["message"] for a in r["attempts"]] for r in log["rounds"]]
+    assert messages[0] == [LONG_MESSAGE, "no ```python code block found in the answer"]
+    assert messages[1][0].startswith("the program raised ZeroDivisionError: division by zero")
+    assert [r["chosen_sample"] for r in log["rounds"]] == [1, 2, 2]
+
+    report = (out / "report.md").read_text()
+    assert "Best |C| after each round: 0, 220, 582" in report
+    assert "Best valid configuration: |C| = 582 (round 3, sample 2)" in report
+    assert "| 1 | 1 | no | 0 |" in report and "| 3 | 2 | yes | 582 |" in report
+    assert "## Approach" in report
+
+
+def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
+    from trl_ext.discover import DiscoveryConfig, OpenAIChatBackend, run_discovery
+
+    with ScriptedServer([[_block(D11), "no"]], ignore_n=True) as server:
+        backend = OpenAIChatBackend(server.url)
+        cfg = DiscoveryConfig(samples=2, rounds=1, output_dir=str(tmp_path), workers=1)
+        result = run_discovery(backend, cfg, progress=lambda line: None)
+    assert [r["n"] for r in server.requests] == [2, 1]  # the second request asks for the missing reply
+    assert result["best_score"] == 220 and result["history"] == [220]
+
+
+@pytest.mark.slow
+def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
+    """A tiny random model whose vocabulary holds the whole D11 program as one added token, favoured by the
+    generation config it is saved with: the local backend loads it from disk, samples it, the loop scores it 220.
+    (In process: the command line is covered by the HTTP test; a second torch import would cost ~10 s.)"""
+    from trl_ext.discover import DiscoveryConfig, TransformersChatBackend, run_discovery
+    from trl_ext.tiny import build_tiny_qwen3
+
+    model_dir = tmp_path / "tiny"
+    char_tokenizer.save_pretrained(model_dir)
+    tokenizer = char_tokenizer.__class__.from_pretrained(model_dir)
+    token = f"```python\n{D11}```"
+    tokenizer.add_tokens([token])
+    model = build_tiny_qwen3(tokenizer, seed=0)
+    model.generation_config.sequence_bias = [[[tokenizer.convert_tokens_to_ids(token)], 8.0]]
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    out = tmp_path / "run"
+    cfg = DiscoveryConfig(samples=3, rounds=2, max_tokens=6, workers=2, output_dir=str(out))
+    lines = []
+    result = run_discovery(TransformersChatBackend(str(model_dir)), cfg, progress=lines.append)
+    assert lines[0] == f"round 1/2: sampling 3 program(s) from {model_dir}" and len(lines) == 2 * (1 + 3) + 1
+    assert result["best_score"] == 220
+    log = json.loads((out / "conversation_log.json").read_text())
+    attempts = [a for r in log["rounds"] for a in r["attempts"]]
+    assert len(attempts) == 6 and log["backend"] == str(model_dir)
+    # every attempt is judged by the verifier or the extraction step, never skipped
+    assert all(a["message"] for a in attempts)
+    valid = [a for a in attempts if a["validity"] == 1.0]
+    assert valid and all(a["score"] == 220 for a in valid)
+    assert log["history"][-1] == 220 and (out / "program.py").read_text() == D11
+    # the second round's prompt carries the first round's feedback
+    assert log["rounds"][1]["messages"][-1]["content"].startswith("The verifier's verdict on your program: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ([], "give exactly one of --base-url URL or --local --model DIR"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--local", "--model", "x"], "give exactly one of"),
+        (["--local"], "--local needs --model"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--samples", "0"], "samples must be an integer >= 1, got 0"),
+        (["--base-url", "ftp://x"], "--base-url must start with http:// or https://"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--model", "m"], "cannot reach the endpoint"),
+        (["--local", "--model", "/no/such/model"], "--model /no/such/model: no such directory"),
+    ],
+)
+def test_bad_input_fails_early_with_a_clear_message(args, error, tmp_path):
+    proc = _cli(*args, "--output-dir", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode != 0
+    assert error in " ".join((proc.stderr + proc.stdout).split()), proc.stderr
+    assert not (tmp_path / "out" / "report.md").exists()
