@@ -285,14 +285,17 @@ class KissingReward:
         dimensions = dimensions or [self.dimension] * len(completions)
         limits = SandboxLimits(time_limit_s=self.time_limit_s)
 
-        def one(pair) -> dict:
-            completion, dimension = pair
-            return score_kissing_completion(
-                completion_text(completion), int(dimension), self.scale, self.format_weight, limits
-            )
+        texts = [completion_text(c) for c in completions]
 
+        def one(pair) -> dict:
+            text, dimension = pair
+            return score_kissing_completion(text, int(dimension), self.scale, self.format_weight, limits)
+
+        pairs = list(zip(texts, dimensions, strict=True))
+        if sum("```" in text for text in texts) < 2:  # at most one sandbox run: no threads needed
+            return [one(pair) for pair in pairs]
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            return list(pool.map(one, zip(completions, dimensions, strict=True)))
+            return list(pool.map(one, pairs))
 
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         dimensions = columns.get("dimension")
