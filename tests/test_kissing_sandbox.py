@@ -209,12 +209,17 @@ def test_valid_programs_return_data_and_numpy_becomes_lists():
     assert sorted(tuples["points"]) == [[0, 1], [1, 0]]
 
 
-def test_the_program_runs_in_a_fresh_empty_directory_and_leaves_nothing_behind():
-    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("trl_ext_sandbox_")}
-    result = run_points_program("import os\nopen('note', 'w').write('x')\npoints = [sorted(os.listdir('.'))]")
-    assert result["points"] == [["note", "program.py"]]
-    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("trl_ext_sandbox_")}
-    assert after <= before
+def test_the_program_runs_in_a_fresh_empty_directory_and_leaves_nothing_behind(monkeypatch):
+    # A temporary root of our own: other tests' runs (pytest -n 2) create their directories in the shared one.
+    root = tempfile.mkdtemp()
+    os.chmod(root, 0o711)  # traversable by a private uid, as /tmp is
+    monkeypatch.setattr(tempfile, "tempdir", root)
+    try:
+        result = run_points_program("import os\nopen('note', 'w').write('x')\npoints = [sorted(os.listdir('.'))]")
+        assert result["points"] == [["note", "program.py"]]
+        assert os.listdir(root) == []
+    finally:
+        shutil.rmtree(root)
 
 
 def test_limits_are_validated():

@@ -255,16 +255,15 @@ class _Run:
         except (ProcessLookupError, PermissionError):
             pass
         control = _records(bytes(self.buffers["control"]))
-        for record in control:
-            pid = record.get("child_pid")
-            if isinstance(pid, int) and _is_namespace_init(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        inits = tuple(r["child_pid"] for r in control if isinstance(r.get("child_pid"), int))
+        inits = tuple(pid for pid in inits if _is_namespace_init(pid))
+        for pid in inits:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.proc.wait()
-        pids = tuple(r["child_pid"] for r in control if isinstance(r.get("child_pid"), int))
-        self.leftover = not _wait_gone(self.uid, pids)
+        self.leftover = not _wait_gone(self.uid, inits)
 
     def close(self) -> None:
         self.proc.stdout.close()
