@@ -1,4 +1,5 @@
-"""Advantage axis: group_normalize, the ADVANTAGES registry and compute_group_normalized_rewards."""
+"""The seeds' advantage functions: group_normalize and compute_group_normalized_rewards (the registered estimators
+are tested in test_objectives_estimators.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,7 @@ import statistics
 import pytest
 import torch
 
-from trl_ext.objectives import (
-    ADVANTAGE_TYPES,
-    compute_group_normalized_rewards,
-    get_advantage_fn,
-    group_normalize,
-)
+from trl_ext.objectives import compute_group_normalized_rewards, group_normalize
 
 
 def loop_group_normalize(rewards: list[float], group_size: int, eps: float, by_std: bool) -> list[float]:
@@ -59,19 +55,6 @@ def test_group_normalize_matches_loop(by_std, group_size):
     got = group_normalize(rewards, group_size, 1e-6, by_std)
     want = torch.tensor(loop_group_normalize(rewards.tolist(), group_size, 1e-6, by_std), dtype=torch.float64)
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
-
-
-def test_advantage_registry():
-    assert ADVANTAGE_TYPES == ("no_baseline", "group_mean", "group_mean_std")
-    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0], dtype=torch.float64)
-    assert torch.equal(get_advantage_fn("no_baseline")(rewards, 2, 1e-6), rewards)
-    assert torch.equal(get_advantage_fn("group_mean")(rewards, 2, 1e-6), torch.tensor([0.5, -0.5, 0, 0]).double())
-    # group 0: std of (1, 0) is sqrt(0.5), so A = +-0.5 / (sqrt(0.5) + eps); group 1 is all equal -> 0.
-    a = 0.5 / (math.sqrt(0.5) + 1e-6)
-    want = torch.tensor([a, -a, 0, 0], dtype=torch.float64)
-    assert torch.allclose(get_advantage_fn("group_mean_std")(rewards, 2, 1e-6), want, rtol=0, atol=1e-15)
-    with pytest.raises(ValueError, match="no_baseline, group_mean, group_mean_std"):
-        get_advantage_fn("std_only")
 
 
 def test_group_normalize_errors():

@@ -1,4 +1,7 @@
-"""Per-token loss axis: the four losses by hand, against a plain loop, gradcheck, and argument errors."""
+"""Per-token loss axis: every registered loss against a plain-Python loop written from its paper's formula, hand
+numbers at the kinks, VESPO's weights against TRL's own `get_gamma_weights`, gradcheck, and the declared inputs the
+config and the trainer rely on. (The losses against TRL's whole `_compute_loss` path: test_trainer_equivalence.py.)
+"""
 
 from __future__ import annotations
 
@@ -6,176 +9,186 @@ import math
 
 import pytest
 import torch
+from trl import GRPOTrainer
 
-from trl_ext.objectives import (
-    PG_LOSS_TYPES,
-    compute_grpo_clip_loss,
-    compute_grpo_no_clip_loss,
-    compute_naive_policy_gradient_loss,
-    compute_policy_gradient_loss,
-    get_pg_loss,
+from trl_ext.objectives import PG_LOSS_TYPES, PG_LOSSES
+from trl_ext.objectives.losses import vespo_gamma_weights
+
+PARAMS = dict(
+    epsilon=0.2,
+    epsilon_high=0.28,
+    delta=None,
+    sapo_temperature_pos=1.0,
+    sapo_temperature_neg=1.05,
+    vespo_k_pos=2.0,
+    vespo_lambda_pos=3.0,
+    vespo_k_neg=3.0,
+    vespo_lambda_neg=2.0,
 )
 
 
-def loop_loss(loss_type, logp, score, old, eps):
-    """Reference per-token loss from Python floats: `score` is one number per row (reward or advantage)."""
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def loop_loss(name, logp, old, adv, mask, level="token", **p):
+    """Reference `(B, T)` per-token loss from Python floats (a per-sequence loss repeated over its tokens)."""
+    p = {**PARAMS, **p}
     out = []
-    for b, row in enumerate(logp):
-        a = score[b]
-        vals = []
-        for t, lp in enumerate(row):
-            if loss_type in ("no_baseline", "reinforce_with_baseline"):
-                vals.append(-a * lp)
-                continue
-            ratio = math.exp(lp - old[b][t])
-            if loss_type == "grpo_no_clip":
-                vals.append(-ratio * a)
-            else:
-                clipped = min(max(ratio, 1 - eps), 1 + eps)
-                vals.append(-min(ratio * a, clipped * a))
-        out.append(vals)
+    for lp_row, old_row, a, m_row in zip(logp, old, adv, mask, strict=True):
+        log_r = [lp - o for lp, o in zip(lp_row, old_row, strict=True)]
+        n = sum(m_row)
+        seq = sum(m * lr for m, lr in zip(m_row, log_r, strict=True)) / max(n, 1)
+        row = []
+        for lp, lr in zip(lp_row, log_r, strict=True):
+            r = math.exp(seq if level == "sequence" or name in ("gspo", "luspo") else lr)
+            if name == "reinforce":
+                v = -a * lp
+            elif name in ("grpo_clip", "gspo", "luspo"):
+                capped = min(r, p["delta"]) if p["delta"] is not None else r
+                clipped = min(max(r, 1 - p["epsilon"]), 1 + p["epsilon_high"])
+                v = -min(capped * a, clipped * a) * (n if name == "luspo" else 1)
+            elif name == "grpo_no_clip":
+                v = -r * a
+            elif name == "cispo":
+                v = -min(r, p["epsilon_high"]) * a * lp
+            elif name == "sapo":
+                tau = p["sapo_temperature_pos"] if a > 0 else p["sapo_temperature_neg"]
+                v = -sigmoid(tau * (r - 1)) * 4 / tau * a
+            elif name == "vespo":
+                log_w = sum(m * min(max(x, -20), 20) for m, x in zip(m_row, log_r, strict=True))
+                log_w = min(max(log_w, math.log(1e-8)), 20)
+                k, lam = (
+                    (p["vespo_k_pos"], p["vespo_lambda_pos"]) if a >= 0 else (p["vespo_k_neg"], p["vespo_lambda_neg"])
+                )
+                v = -math.exp(lam + k * log_w - lam * math.exp(log_w)) * a * lp
+            row.append(v)
+        out.append(row)
     return out
 
 
-def test_naive_loss_by_hand():
-    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
-    scores = torch.tensor([[2.0], [-1.0]])
-    want = torch.tensor([[2.0, 4.0], [-0.5, -3.0]])
-    assert torch.equal(compute_naive_policy_gradient_loss(scores, logp), want)
-    assert torch.equal(compute_naive_policy_gradient_loss(scores.squeeze(-1), logp), want)  # (B,) is accepted
+def make_case(seed, b=5, t=7):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+    old = logp + 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    adv = torch.randn(b, 1, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    mask = (torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)).double()
+    return logp, old, adv, mask
 
 
-# ratios around both ends of [1 - eps, 1 + eps] with eps = 0.2
-RATIOS = [0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 1.5]
-
-
-def test_clip_loss_and_metadata_by_hand():
-    ratios = torch.tensor([RATIOS] * 3, dtype=torch.float64)
-    old = torch.full_like(ratios, -1.3)
-    logp = old + ratios.log()
-    adv = torch.tensor([[1.0], [-1.0], [0.0]], dtype=torch.float64)
-    loss, meta = compute_grpo_clip_loss(adv, logp, old, 0.2)
-    # A = +1: -min(r, clip(r)) -> the clip only binds above 1.2 (1.21, 1.5 -> 1.2)
-    # A = -1: max(r, clip(r))  -> the clip only binds below 0.8 (0.5, 0.79 -> 0.8)
-    want = torch.tensor(
-        [
-            [-0.5, -0.79, -0.81, -1.0, -1.19, -1.2, -1.2],
-            [0.8, 0.8, 0.81, 1.0, 1.19, 1.21, 1.5],
-            [0.0] * 7,
-        ],
-        dtype=torch.float64,
+def run(name, logp, old, adv, mask, **overrides):
+    loss, metrics = PG_LOSSES.call(
+        name, log_probs=logp, old_log_probs=old, advantages=adv, mask=mask, **{**PARAMS, **overrides}
     )
-    assert torch.allclose(loss, want, rtol=0, atol=1e-12)
-    high = [False, False, False, False, False, True, True]
-    low = [True, True, False, False, False, False, False]
-    assert meta["clipped"].dtype == torch.bool and meta["clipped"].shape == (3, 7)
-    assert meta["clipped"].tolist() == [high, low, [False] * 7]
-    assert meta["clipped_high"].tolist() == [high, [False] * 7, [False] * 7]
-    assert meta["clipped_low"].tolist() == [[False] * 7, low, [False] * 7]
-    assert torch.allclose(meta["ratio"], ratios, atol=1e-12)
+    return loss.expand_as(logp), metrics
 
 
-def test_clipped_tokens_get_no_gradient():
-    ratios = torch.tensor([RATIOS, RATIOS], dtype=torch.float64)
-    old = torch.zeros_like(ratios)
-    logp = ratios.log().requires_grad_()
-    adv = torch.tensor([[2.0], [-3.0]], dtype=torch.float64)
-    loss, meta = compute_grpo_clip_loss(adv, logp, old, 0.2)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("name", PG_LOSS_TYPES)
+def test_loss_matches_loop(name, level):
+    logp, old, adv, mask = make_case(len(name))
+    got, _ = run(name, logp, old, adv, mask, importance_sampling_level=level)
+    want = loop_loss(name, logp.tolist(), old.tolist(), adv.squeeze(1).tolist(), mask.tolist(), level)
+    assert torch.allclose(got, torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+def test_delta_caps_the_unclipped_ratio_of_negative_advantages():
+    # ratio 4 with A = -1: the clipped surrogate's max(4 * -1, 1.2 * -1) is the unbounded 4; delta = 1.5 caps it.
+    logp, old = torch.tensor([[math.log(4.0)]]), torch.zeros(1, 1)
+    adv, mask = torch.tensor([[-1.0]]), torch.ones(1, 1)
+    assert run("grpo_clip", logp, old, adv, mask)[0].item() == pytest.approx(4.0)
+    assert run("grpo_clip", logp, old, adv, mask, delta=1.5)[0].item() == pytest.approx(1.5)
+    # with A = +1 the clip binds first: delta changes nothing
+    assert run("grpo_clip", logp, old, -adv, mask, delta=1.5)[0].item() == pytest.approx(-1.28)
+
+
+def test_gspo_ratio_is_the_geometric_mean_and_luspo_scales_by_length():
+    # per-token log-ratios 0.1, 0.3 (and padding): s = exp(0.2); |y| = 2
+    logp = torch.tensor([[0.1, 0.3, 9.0]], dtype=torch.float64)
+    old, mask, adv = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[-1.0]])
+    gspo, metrics = PG_LOSSES.call("gspo", log_probs=logp, old_log_probs=old, advantages=adv, mask=mask, **PARAMS)
+    assert gspo.shape == (1, 1) and gspo.item() == pytest.approx(math.exp(0.2))
+    assert metrics["clip_ratio/region_mean"].item() == 0.0  # 1.22 with A < 0 is not below 1 - eps
+    luspo, _ = PG_LOSSES.call("luspo", log_probs=logp, old_log_probs=old, advantages=adv, mask=mask, **PARAMS)
+    assert luspo.item() == pytest.approx(2 * math.exp(0.2))
+
+
+def test_cispo_keeps_a_gradient_where_the_clip_binds():
+    # ratio 2 > eps_high = 0.28 ... the weight is capped at 0.28 but, unlike grpo_clip, the token still learns.
+    logp = torch.tensor([[math.log(2.0)]], dtype=torch.float64, requires_grad=True)
+    old, mask, adv = (
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.ones(1, 1),
+        torch.tensor([[1.0]], dtype=torch.float64),
+    )
+    loss, metrics = PG_LOSSES.call("cispo", log_probs=logp, old_log_probs=old, advantages=adv, mask=mask, **PARAMS)
     loss.sum().backward()
-    # d(-ratio * A)/dlogp = -ratio * A where the unclipped term is the min, 0 where the clip binds
-    want = torch.where(meta["clipped"], torch.zeros_like(ratios), -ratios * adv)
-    assert torch.allclose(logp.grad, want, atol=1e-12)
-    assert meta["clipped"].sum() == 4
+    assert logp.grad.item() == pytest.approx(-0.28)  # d(-sg(0.28) * A * logp) / dlogp
+    assert metrics["cispo_clip_ratio"].item() == 1.0
+    clip = logp.detach().clone().requires_grad_()
+    PG_LOSSES.call("grpo_clip", log_probs=clip, old_log_probs=old, advantages=adv, mask=mask, **PARAMS)[
+        0
+    ].sum().backward()
+    assert clip.grad.item() == 0.0
 
 
-def test_asymmetric_cliprange():
-    ratios = torch.tensor([[0.85, 1.25, 1.35]], dtype=torch.float64)
-    loss, meta = compute_grpo_clip_loss(
-        torch.tensor([1.0]).double(), ratios.log(), torch.zeros(1, 3).double(), (0.1, 0.3)
-    )
-    assert torch.allclose(loss, torch.tensor([[-0.85, -1.25, -1.3]], dtype=torch.float64), atol=1e-12)
-    assert meta["clipped"].tolist() == [[False, False, True]]
+def test_sapo_at_ratio_one_is_the_plain_policy_gradient():
+    # value -(4 / tau) sigmoid(0) A = -2 A / tau; gradient -(4 / tau) sigmoid'(0) tau A = -A, for both signs of A.
+    logp = torch.zeros(2, 1, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[2.0], [-3.0]], dtype=torch.float64)
+    loss, _ = PG_LOSSES.call("sapo", log_probs=logp, old_log_probs=torch.zeros(2, 1).double(), advantages=adv,
+                             mask=torch.ones(2, 1), **PARAMS)  # fmt: skip
+    assert loss.squeeze(1).tolist() == pytest.approx([-2 * 2.0 / 1.0, -2 * -3.0 / 1.05])
+    loss.sum().backward()
+    assert logp.grad.squeeze(1).tolist() == pytest.approx([-2.0, 3.0])
 
 
-def test_no_clip_loss_by_hand():
-    ratios = torch.tensor([[0.5, 2.0], [1.0, 3.0]], dtype=torch.float64)
-    loss, meta = compute_grpo_no_clip_loss(
-        torch.tensor([1.5, -2.0]).double(), ratios.log(), torch.zeros(2, 2).double()
-    )
-    assert torch.allclose(loss, torch.tensor([[-0.75, -3.0], [2.0, 6.0]], dtype=torch.float64), atol=1e-12)
-    assert torch.allclose(meta["ratio"], ratios, atol=1e-12)
+@pytest.mark.parametrize("with_is_ratio", [False, True])
+def test_vespo_weights_match_trl_get_gamma_weights(with_is_ratio):
+    logp, old, adv, mask = make_case(9)
+    is_ratio = torch.exp(0.1 * torch.randn_like(logp)) if with_is_ratio else None
+    ours = vespo_gamma_weights(adv, logp - old, mask, is_ratio, 2.0, 3.0, 3.0, 2.0)
+    trl = GRPOTrainer.get_gamma_weights(adv, logp - old, mask, is_ratio, 2.0, 3.0, 3.0, 2.0)  # TRL's own code
+    assert torch.equal(ours, trl)
+    at_one = vespo_gamma_weights(adv, torch.zeros_like(logp), mask, None, 2.0, 3.0, 3.0, 2.0)
+    assert torch.allclose(at_one, torch.ones_like(at_one))  # phi(1) = e^lam * 1 * e^-lam
 
 
-def test_ratio_is_computed_like_trl():
-    # TRL 1.16 grpo: coef_1 = exp(logp - old); -min(coef_1 * A, clamp(coef_1, 1 - eps, 1 + eps) * A), in float32
-    gen = torch.Generator().manual_seed(3)
-    logp, old = -torch.rand(4, 9, generator=gen) * 3, -torch.rand(4, 9, generator=gen) * 3
-    adv = torch.randn(4, generator=gen)
-    coef_1 = torch.exp(logp - old)
-    trl = -torch.min(coef_1 * adv.unsqueeze(1), torch.clamp(coef_1, 0.8, 1.2) * adv.unsqueeze(1))
-    assert torch.equal(compute_grpo_clip_loss(adv, logp, old, 0.2)[0], trl)
-
-
-@pytest.mark.parametrize("loss_type", PG_LOSS_TYPES)
-def test_dispatch_matches_loop(loss_type):
-    gen = torch.Generator().manual_seed(len(loss_type))
-    logp = -torch.rand(5, 8, generator=gen, dtype=torch.float64) * 4
-    old = logp + 0.4 * torch.randn(5, 8, generator=gen, dtype=torch.float64)
-    rewards = torch.rand(5, 1, generator=gen, dtype=torch.float64)
-    adv = torch.randn(5, 1, generator=gen, dtype=torch.float64)
-    loss, _ = compute_policy_gradient_loss(logp, loss_type, rewards, adv, old, 0.2)
-    score = rewards if loss_type == "no_baseline" else adv
-    want = loop_loss(loss_type, logp.tolist(), score.squeeze(1).tolist(), old.tolist(), 0.2)
-    assert loss.shape == (5, 8)
-    assert torch.allclose(loss, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("loss_type", PG_LOSS_TYPES)
-def test_gradcheck(loss_type):
-    gen = torch.Generator().manual_seed(7)
-    logp = (-torch.rand(3, 5, generator=gen, dtype=torch.float64)).requires_grad_()
-    old = (logp + 0.3 * torch.randn(3, 5, generator=gen, dtype=torch.float64)).detach()
-    rewards = torch.rand(3, 1, generator=gen, dtype=torch.float64)
-    adv = torch.randn(3, 1, generator=gen, dtype=torch.float64)
-    # keep every ratio at least 1e-3 away from the clip kinks, where the loss is not differentiable
-    assert ((logp - old).exp().sub(1).abs().sub(0.2).abs() > 1e-3).all()
-    fn = lambda lp: compute_policy_gradient_loss(lp, loss_type, rewards, adv, old, 0.2)[0]  # noqa: E731
+@pytest.mark.parametrize("name", [name for name in PG_LOSS_TYPES if name not in ("cispo", "vespo")])
+def test_gradcheck(name):
+    logp, old, adv, mask = make_case(4, b=3, t=4)
+    logp = logp.clone().requires_grad_()
+    # keep every token and sequence ratio away from the clip kinks, where the loss is not differentiable
+    ratios = torch.cat([(logp - old).exp().flatten(), ((logp - old) * mask).sum(-1).div(mask.sum(-1)).exp()])
+    for kink in (0.8, 1.28, 0.28):
+        assert ((ratios - kink).abs() > 1e-3).all()
+    fn = lambda lp: PG_LOSSES.call(name, log_probs=lp, old_log_probs=old, advantages=adv, mask=mask, **PARAMS)[0]  # noqa: E731
     assert torch.autograd.gradcheck(fn, (logp,))
 
 
-@pytest.mark.parametrize(
-    ("loss_type", "drop", "missing"),
-    [
-        ("no_baseline", "raw_rewards", "raw_rewards"),
-        ("reinforce_with_baseline", "advantages", "advantages"),
-        ("grpo_clip", "old_log_probs", "old_log_probs"),
-        ("grpo_clip", "cliprange", "cliprange"),
-        ("grpo_no_clip", "advantages", "advantages"),
-    ],
-)
-def test_missing_argument_names_it_and_the_loss_type(loss_type, drop, missing):
-    kwargs = {
-        "raw_rewards": torch.ones(2, 1),
-        "advantages": torch.ones(2, 1),
-        "old_log_probs": torch.zeros(2, 3),
-        "cliprange": 0.2,
-    }
-    kwargs[drop] = None
-    with pytest.raises(ValueError, match=rf"loss_type '{loss_type}' needs {missing}"):
-        compute_policy_gradient_loss(torch.zeros(2, 3), loss_type, **kwargs)
+@pytest.mark.parametrize("name", ["cispo", "vespo"])
+def test_stop_gradient_losses_differentiate_only_logp(name):
+    # cispo and vespo weight `-A logp` by a detached function of the ratio: d loss / d logp = -weight * A.
+    logp, old, adv, mask = make_case(6)
+    logp = logp.clone().requires_grad_()
+    loss, _ = run(name, logp, old, adv, mask)
+    loss.sum().backward()
+    weight = (loss / (-adv * logp)).detach()
+    assert torch.allclose(logp.grad, -weight * adv, rtol=1e-10)
 
 
-def test_registry_names_and_unknown_loss():
-    assert PG_LOSS_TYPES == ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip")
-    with pytest.raises(ValueError, match="valid names: no_baseline, reinforce_with_baseline, grpo_clip, grpo_no_clip"):
-        get_pg_loss("ppo")
-    # the naive losses differ only in which score they read
-    lp = torch.tensor([[-1.0, -2.0]])
-    a, _ = get_pg_loss("no_baseline")(lp, raw_rewards=torch.tensor([3.0]), advantages=torch.tensor([5.0]))
-    b, _ = get_pg_loss("reinforce_with_baseline")(lp, raw_rewards=torch.tensor([3.0]), advantages=torch.tensor([5.0]))
-    assert a.tolist() == [[3.0, 6.0]] and b.tolist() == [[5.0, 10.0]]
-
-
-def test_bad_advantage_shape():
-    with pytest.raises(ValueError, match=r"advantages must have shape \(B,\) or \(B, 1\)"):
-        compute_grpo_no_clip_loss(torch.zeros(2, 1, 1), torch.zeros(2, 3), torch.zeros(2, 3))
+def test_declared_inputs():
+    declared = {name: PG_LOSSES.parameters(name) for name in PG_LOSS_TYPES}
+    # the config rejects an off-policy run for a loss that cannot see the sampling policy
+    assert {name for name, params in declared.items() if "old_log_probs" not in params} == {"reinforce"}
+    # the trainer multiplies every other loss by the vLLM ratio; vespo folds it into its weight
+    assert {name for name, params in declared.items() if "importance_sampling_ratio" in params} == {"vespo"}
+    assert {name for name, params in declared.items() if "epsilon" in params} == {"grpo_clip", "gspo", "luspo"}
+    assert {name for name, params in declared.items() if "delta" in params} == {"grpo_clip", "gspo", "luspo"}
+    assert {name for name, params in declared.items() if "importance_sampling_level" in params} == {
+        "grpo_clip", "grpo_no_clip", "cispo", "sapo",
+    }  # fmt: skip
+    assert PG_LOSS_TYPES == ("reinforce", "grpo_clip", "grpo_no_clip", "gspo", "luspo", "cispo", "sapo", "vespo")
+    with pytest.raises(ValueError, match="unknown pg_loss_type 'ppo'; valid names: reinforce, grpo_clip"):
+        PG_LOSSES.lookup("ppo")

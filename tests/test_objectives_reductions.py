@@ -1,4 +1,5 @@
-"""Reduction axis: masked_mean / masked_normalize / masked_mean_drgrpo / reduce_loss against loops and gradcheck."""
+"""Reduction axis: every registered reduction, the seeds' masked_mean / masked_normalize / masked_mean_drgrpo and
+reduce_loss, against loops over Python floats, gradient accumulation, and gradcheck."""
 
 from __future__ import annotations
 
@@ -55,14 +56,68 @@ def test_masked_mean_and_normalize_match_loop(seed):
     assert masked_mean_drgrpo(x, mask, 6).item() == pytest.approx(total / (6 * 4), rel=1e-12)
 
 
+def loop_reduction(name, x, mask, ga, window_tokens, constant):
+    """Reference micro-batch loss from Python floats, written from the formula table of reductions.py."""
+    rows, _, (total, count) = loop_sums(x, mask)
+    b = len(rows)
+    if name == "masked_mean":
+        return sum(s / max(n, 1) for s, n in rows) / b / ga
+    if name == "masked_normalize":
+        return total / (b * constant) / ga
+    if name == "seq_mean_token_sum":
+        return total / b / ga
+    if name == "microbatch_token_mean":
+        return total / max(count, 1) / ga
+    return total / window_tokens  # token_mean
+
+
 @pytest.mark.parametrize("name", LENGTH_NORMALIZATIONS)
 @pytest.mark.parametrize("seed", [3, 4])
-def test_reduce_loss_matches_loop(name, seed):
+def test_reduction_matches_loop(name, seed):
     x, mask = random_case(seed)
-    rows, _, _ = loop_sums(x, mask)
-    per_seq = [s / n for s, n in rows] if name == "masked_mean" else [s / 6 for s, _ in rows]
-    assert reduce_loss(x, mask, name, 6).item() == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-12)
-    assert torch.allclose(get_reduction(name)(x, mask, 6), torch.tensor(per_seq, dtype=torch.float64))
+    got = reduce_loss(x, mask, name, 6.0, accumulation_steps=2, window_tokens=37.0)
+    assert got.item() == pytest.approx(loop_reduction(name, x, mask, 2, 37.0, 6.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", LENGTH_NORMALIZATIONS)
+def test_micro_batches_sum_to_the_step_loss(name):
+    # 8 sequences as 2 micro-batches of 4 (GA = 2): the sum of the micro-batch losses is the step's loss.
+    x, mask = random_case(7, b=8)
+    window = float(mask.sum())
+    halves = [
+        reduce_loss(x[r], mask[r], name, 6.0, accumulation_steps=2, window_tokens=window)
+        for r in (slice(0, 4), slice(4, 8))
+    ]
+    rows, _, (total, count) = loop_sums(x, mask)
+    step = {
+        "masked_mean": sum(s / n for s, n in rows) / 8,  # every sequence weighs 1 / 8
+        "masked_normalize": total / (8 * 6.0),
+        "seq_mean_token_sum": total / 8,
+        "token_mean": total / count,  # every token of the step weighs 1 / (tokens of the step)
+    }
+    if name == "microbatch_token_mean":  # the mean of the two micro-batches' token means (TRL bnpo)
+        first, second = (loop_sums(x[r], mask[r])[2] for r in (slice(0, 4), slice(4, 8)))
+        step[name] = (first[0] / first[1] + second[0] / second[1]) / 2
+    assert sum(halves).item() == pytest.approx(step[name], rel=1e-12)
+
+
+@pytest.mark.parametrize("name", LENGTH_NORMALIZATIONS)
+def test_rows_of_zero_loss_can_be_left_out_given_the_full_counts(name):
+    # What skip_zero_advantage_completions relies on: drop rows whose loss is 0, pass the full batch's counts.
+    x, mask = random_case(8, b=6)
+    x[[1, 4]] = 0.0
+    full = reduce_loss(x, mask, name, 6.0, accumulation_steps=2, window_tokens=50.0)
+    kept = [0, 2, 3, 5]
+    counts = dict(num_sequences=6, num_tokens=mask.sum(), accumulation_steps=2, window_tokens=50.0)
+    assert reduce_loss(x[kept], mask[kept], name, 6.0, **counts).item() == pytest.approx(full.item(), rel=1e-12)
+
+
+def test_per_sequence_loss_broadcasts_over_the_mask():
+    # A (B, 1) loss (GSPO) counts once per token under the token sums, once per sequence under masked_mean.
+    loss, mask = torch.tensor([[2.0], [3.0]]), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert reduce_loss(loss, mask, "masked_mean").item() == pytest.approx(2.5)
+    assert reduce_loss(loss, mask, "seq_mean_token_sum").item() == pytest.approx((4 + 3) / 2)
+    assert reduce_loss(loss, mask, "token_mean").item() == pytest.approx(7 / 3)
 
 
 def test_numeric_and_bool_masks_agree():
@@ -85,9 +140,9 @@ def test_empty_mask():
     # the seed function: mean of nothing is NaN, as torch.mean(torch.tensor([])) is
     assert torch.isnan(masked_mean(x, empty)) and torch.isnan(torch.tensor([]).mean())
     assert torch.isnan(masked_mean(x, empty, dim=-1)).all()
-    # the registry's per-sequence reduction clamps the count at 1 (TRL's loss_type="grpo"): an empty row gives 0
+    # the registered reduction clamps the count at 1 (TRL's loss_type="grpo"): an empty row adds 0
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    assert get_reduction("masked_mean")(x, mask, None).tolist() == [1.0, 0.0]
+    assert get_reduction("masked_mean")(x, mask).item() == 0.5
 
 
 def test_masked_mean_drgrpo_is_masked_normalize_then_batch_mean():
@@ -106,13 +161,16 @@ def test_gradcheck_reductions():
         lambda t: masked_mean_drgrpo(t, mask, 4),
         lambda t: reduce_loss(t, mask, "masked_mean"),
         lambda t: reduce_loss(t, mask, "masked_normalize", 4.0),
+        *(lambda t, n=name: reduce_loss(t, mask, n, 4.0, accumulation_steps=2) for name in LENGTH_NORMALIZATIONS),
     ):
         assert torch.autograd.gradcheck(fn, (x,))
 
 
 def test_registry_names_and_errors():
-    assert LENGTH_NORMALIZATIONS == ("masked_mean", "masked_normalize")
-    with pytest.raises(ValueError, match="valid names: masked_mean, masked_normalize"):
-        get_reduction("seq_mean_token_sum")
+    assert LENGTH_NORMALIZATIONS == (
+        "masked_mean", "masked_normalize", "seq_mean_token_sum", "microbatch_token_mean", "token_mean",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="valid names: masked_mean, masked_normalize, seq_mean_token_sum"):
+        get_reduction("seq-mean-token-sum")
     with pytest.raises(ValueError, match="'masked_normalize' needs normalize_constant"):
         reduce_loss(torch.ones(1, 2), torch.ones(1, 2), "masked_normalize", None)

@@ -1,4 +1,5 @@
-"""sft_microbatch_train_step / grpo_microbatch_train_step: loss and gradient vs a scalar loop, GA invariance."""
+"""The seeds' sft_microbatch_train_step / grpo_microbatch_train_step: loss and gradient vs a scalar loop,
+GA invariance."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import math
 import pytest
 import torch
 
-from trl_ext.objectives import (
-    LENGTH_NORMALIZATIONS,
-    PG_LOSS_TYPES,
-    grpo_microbatch_train_step,
-    sft_microbatch_train_step,
-)
+from trl_ext.objectives import grpo_microbatch_train_step, sft_microbatch_train_step
+from trl_ext.objectives.seed_api import SEED_LOSSES
+
+PG_LOSS_TYPES = tuple(SEED_LOSSES)  # the seeds' four names; the axis losses are tested in test_objectives_losses.py
+LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")  # the seeds' two reductions
 
 EPS = 0.2
 C = 8.0  # normalize_constant, as max_completion_length
@@ -139,7 +139,7 @@ def test_errors_are_raised_before_backward():
                                    length_normalization="masked_normalize")  # fmt: skip
     with pytest.raises(ValueError, match="loss_type 'grpo_clip' needs cliprange"):
         grpo_microbatch_train_step(x, mask, 1, "grpo_clip", advantages=adv, old_log_probs=old)
-    with pytest.raises(ValueError, match="valid names: masked_mean, masked_normalize"):
+    with pytest.raises(ValueError, match="valid names: masked_mean, masked_normalize, seq_mean_token_sum"):
         grpo_microbatch_train_step(x, mask, 1, "reinforce_with_baseline", advantages=adv, length_normalization="sum")
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be a positive int"):
         grpo_microbatch_train_step(x, mask, 0, "reinforce_with_baseline", advantages=adv)

@@ -1,19 +1,28 @@
 """Advantage axis: from one scalar reward per completion to one advantage per completion.
 
-Completions come in groups of `group_size` answers to the same prompt, laid out contiguously
-(`[p0 a0, p0 a1, ..., p1 a0, ...]`, TRL's order). GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300)
-centres each reward on its group mean and divides by the group std; Dr.GRPO (Liu et al. 2025,
-https://arxiv.org/abs/2503.20783) drops the std division because it up-weights near-uniform groups.
+Completions come in groups of `group_size` answers to the same prompt, laid out contiguously (TRL's order
+`[p0 a0, p0 a1, ..., p1 a0, ...]`). A NaN reward marks a completion no reward function could score (TRL's
+convention): it stays out of every statistic and gets advantage 0. Each estimator is registered under its
+`advantage_type` and declares what it reads (`advantage_eps`, `lengths`: completion lengths in tokens):
 
-    no_baseline     A_i = r_i
-    group_mean      A_i = r_i - mean(r_group)
-    group_mean_std  A_i = (r_i - mean(r_group)) / (std(r_group) + advantage_eps)    (std with Bessel's correction)
+    raw             A_i = r_i                                                  (REINFORCE without a baseline)
+    group_mean      A_i = r_i - mean_g                                         (Dr.GRPO, TRL scale_rewards="none")
+    group_mean_std  A_i = (r_i - mean_g) / (std_g + eps)                       (GRPO, TRL scale_rewards="group")
+    batch_std       A_i = (r_i - mean_g) / (std_batch + eps)                   (TRL scale_rewards="batch")
+    rloo            A_i = r_i - mean_{j != i in g} r_j = G/(G-1) (r_i - mean_g) (RLOO, verl "rloo")
+    opo             A_i = r_i - sum_g(l_j r_j) / sum_g(l_j)                    (OPO, verl "opo")
+    reinforce_pp    c_i = r_i - mean_g;  A_i = (c_i - mean_tok c) / sqrt(var_tok c + eps)
+                                                                               (REINFORCE++-baseline, verl)
+    passk           A_i = (r_max - r_2nd) / (std_g + eps) for the group's best completion, 0 for the others
+                                                                               (pass@k, verl "grpo_passk")
+
+`mean_g` / `std_g` are over the scored completions of a group (std Bessel-corrected, as torch.std, TRL's nanstd and
+verl); `_tok` statistics weight each completion by its length in tokens, as verl's `masked_whiten` over response
+tokens does. The group-centred estimators give exactly 0 to every member of a group whose scored rewards are all
+equal (eight float32 0.1s average to 0.1 - 7.5e-9, which 1 / (std + 1e-6) would blow up to -0.0074).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -32,119 +41,179 @@ def _check_group_size(num: int, group_size: int) -> None:
         )
 
 
-def group_normalize(
-    rewards: torch.Tensor, group_size: int, advantage_eps: float, normalize_by_std: bool
-) -> torch.Tensor:
-    """Group-relative advantages, the tensor core used by the trainer.
-
-    `A = (r - mean_g) / (std_g + advantage_eps)` if `normalize_by_std` else `A = r - mean_g`, where `mean_g` and
-    `std_g` (unbiased, as `torch.std`) are taken over the `group_size` contiguous completions of each prompt.
-
-    Args:
-        rewards: `(N,)` one reward per completion, groups contiguous; N must be a multiple of `group_size`.
-        group_size: completions per prompt (TRL's `num_generations`).
-        advantage_eps: added to the std so an all-equal group gives 0 instead of 0/0 (exactly 0: see below).
-        normalize_by_std: divide by the group std (GRPO) or not (Dr.GRPO).
-
-    Returns:
-        `(N,)` advantages, same dtype as `rewards`.
-    """
+def _grouped(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(P, G)` rewards and their `(P, G)` scored mask (not NaN)."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
     _check_group_size(rewards.numel(), group_size)
-    if normalize_by_std and group_size < 2:
-        raise ValueError("normalize_by_std needs group_size >= 2 (the unbiased std of one sample is undefined)")
-    grouped = rewards.view(-1, group_size)  # (N / G, G)
-    # An all-equal group has advantage exactly 0. Its float mean can miss the common value by an ulp (eight 0.1s
-    # in float32: 7.5e-9), which 1 / (std + 1e-6) would blow up to A = -0.0074 for every member.
-    tied = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
-    centred = (grouped - grouped.mean(dim=1, keepdim=True)).masked_fill(tied, 0.0)
-    if normalize_by_std:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + advantage_eps)
-    return centred.reshape(-1)
+    grouped = rewards.view(-1, group_size)
+    return grouped, ~torch.isnan(grouped)
 
 
-@ADVANTAGES.register("no_baseline")
-def raw_reward_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float = 1e-6) -> torch.Tensor:
+def _group_stats(grouped: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per group `(P, 1)`: number of scored members, their mean, unbiased std (NaN below 2) and "all equal"."""
+    zero = torch.zeros((), dtype=grouped.dtype, device=grouped.device)
+    count = scored.sum(dim=1, keepdim=True)
+    mean = torch.where(scored, grouped, zero).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    squares = torch.where(scored, (grouped - mean) ** 2, zero).sum(dim=1, keepdim=True)
+    std = (squares / (count - 1).clamp(min=1)).sqrt().masked_fill(count < 2, float("nan"))
+    inf = torch.tensor(float("inf"), dtype=grouped.dtype, device=grouped.device)
+    tied = torch.where(scored, grouped, -inf).amax(dim=1, keepdim=True) == torch.where(scored, grouped, inf).amin(
+        dim=1, keepdim=True
+    )
+    return count, mean, std, tied
+
+
+def _finish(advantages: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Flatten to `(N,)`; unscorable completions and undefined statistics (one scored member) give 0."""
+    return torch.nan_to_num(advantages.masked_fill(~scored, 0.0), nan=0.0).reshape(-1)
+
+
+def _centred(grouped: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """`r - mean_g`, exactly 0 for every member of an all-equal group. `(P, G)`."""
+    _, mean, _, tied = _group_stats(grouped, scored)
+    return (grouped - mean).masked_fill(tied, 0.0)
+
+
+def _nanstd(values: torch.Tensor) -> torch.Tensor:
+    """Unbiased std of the non-NaN entries of `values` (all of them), NaN below 2 entries (TRL's `nanstd`)."""
+    kept = values[~torch.isnan(values)]
+    return kept.std() if kept.numel() > 1 else torch.tensor(float("nan"), dtype=values.dtype, device=values.device)
+
+
+@ADVANTAGES.register("raw")
+def raw_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """`A = r`: the reward itself (REINFORCE without a baseline). `rewards`: `(N,)` -> `(N,)`."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
-    _check_group_size(rewards.numel(), group_size)
-    return rewards.clone()
+    grouped, scored = _grouped(rewards, group_size)
+    return _finish(grouped.clone(), scored)
 
 
 @ADVANTAGES.register("group_mean")
-def group_mean_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float = 1e-6) -> torch.Tensor:
-    """`A = r - mean_g` (Dr.GRPO). `rewards`: `(N,)` -> `(N,)`."""
-    return group_normalize(rewards, group_size, advantage_eps, normalize_by_std=False)
+def group_mean_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`A = r - mean_g` (Dr.GRPO, https://arxiv.org/abs/2503.20783). `rewards`: `(N,)` -> `(N,)`."""
+    grouped, scored = _grouped(rewards, group_size)
+    return _finish(_centred(grouped, scored), scored)
 
 
 @ADVANTAGES.register("group_mean_std")
-def group_mean_std_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float = 1e-6) -> torch.Tensor:
-    """`A = (r - mean_g) / (std_g + advantage_eps)` (GRPO). `rewards`: `(N,)` -> `(N,)`."""
-    return group_normalize(rewards, group_size, advantage_eps, normalize_by_std=True)
+def group_mean_std_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float) -> torch.Tensor:
+    """`A = (r - mean_g) / (std_g + eps)` (GRPO, https://arxiv.org/abs/2402.03300). `(N,)` -> `(N,)`."""
+    grouped, scored = _grouped(rewards, group_size)
+    _, _, std, _ = _group_stats(grouped, scored)
+    return _finish(_centred(grouped, scored) / (std + advantage_eps), scored)
+
+
+@ADVANTAGES.register("batch_std")
+def batch_std_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float) -> torch.Tensor:
+    """`A = (r - mean_g) / (std_batch + eps)`: group baseline, one scale for the batch (TRL `scale_rewards="batch"`,
+    PPO-Lite / "Tricks or Traps", https://arxiv.org/abs/2508.08221). `(N,)` -> `(N,)`."""
+    grouped, scored = _grouped(rewards, group_size)
+    return _finish(_centred(grouped, scored) / (_nanstd(rewards) + advantage_eps), scored)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g)` over the G scored members of the group
+    (REINFORCE Leave-One-Out, https://arxiv.org/abs/2402.14740; verl "rloo"). `(N,)` -> `(N,)`."""
+    grouped, scored = _grouped(rewards, group_size)
+    count = scored.sum(dim=1, keepdim=True).to(grouped.dtype)
+    return _finish(_centred(grouped, scored) * count / (count - 1), scored)
+
+
+@ADVANTAGES.register("opo")
+def opo_advantages(rewards: torch.Tensor, group_size: int, lengths: torch.Tensor) -> torch.Tensor:
+    """`A_i = r_i - sum_g(l_j r_j) / sum_g(l_j)`: the length-weighted group baseline of On-Policy RL with Optimal
+    reward baseline (https://arxiv.org/abs/2505.23585; verl "opo").
+
+    Args:
+        rewards: `(N,)`.
+        group_size: completions per prompt.
+        lengths: `(N,)` completion lengths in tokens. A group whose scored members are all empty falls back to
+            the plain mean.
+
+    Returns:
+        `(N,)` advantages.
+    """
+    grouped, scored = _grouped(rewards, group_size)
+    weights = torch.where(scored, lengths.to(grouped.dtype).view_as(grouped), torch.zeros_like(grouped))
+    total = weights.sum(dim=1, keepdim=True)
+    weighted = torch.where(scored, grouped * weights, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
+    _, mean, _, tied = _group_stats(grouped, scored)
+    baseline = torch.where(total > 0, weighted / total.clamp(min=1e-30), mean)
+    return _finish((grouped - baseline).masked_fill(tied, 0.0), scored)
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, group_size: int, advantage_eps: float, lengths: torch.Tensor | None = None
+) -> torch.Tensor:
+    """REINFORCE++ with a group baseline (https://arxiv.org/abs/2501.03262; verl "reinforce_plus_plus_baseline"):
+    `c = r - mean_g`, then whitened over the batch's tokens: `A = (c - mean_tok c) / sqrt(var_tok c + eps)`.
+
+    verl whitens the `(B, T)` tensor `c` broadcast over each response's tokens, so a completion weighs its length;
+    here that is the weight `l_i`: `mean_tok c = sum l c / sum l`, `var_tok c = sum l (c - mean)^2 / (sum l - 1)`
+    (Bessel-corrected over tokens, as verl's `masked_var`). verl's eps is 1e-8 (set `advantage_eps` to match).
+
+    Args:
+        rewards: `(N,)`.
+        group_size: completions per prompt.
+        advantage_eps: added to the variance.
+        lengths: `(N,)` completion lengths in tokens; `None` weighs every completion 1.
+
+    Returns:
+        `(N,)` advantages.
+    """
+    grouped, scored = _grouped(rewards, group_size)
+    centred = _centred(grouped, scored)
+    weights = torch.ones_like(grouped) if lengths is None else lengths.to(grouped.dtype).view_as(grouped)
+    weights = torch.where(scored, weights, torch.zeros_like(weights))
+    total = weights.sum()
+    values = torch.where(scored, centred, torch.zeros_like(centred))
+    mean = (weights * values).sum() / total
+    var = (weights * (values - mean) ** 2).sum() / (total - 1)
+    return _finish((centred - mean) / torch.sqrt(var + advantage_eps), scored)
+
+
+@ADVANTAGES.register("passk")
+def passk_advantages(rewards: torch.Tensor, group_size: int, advantage_eps: float) -> torch.Tensor:
+    """Pass@k-optimised advantages (verl "grpo_passk", https://arxiv.org/abs/2503.19595): only the best completion of
+    a group is credited, with its margin over the runner-up, `A = (r_max - r_2nd) / (std_g + eps)`; every other
+    completion gets 0 (a tie at the top gives 0). As verl with `norm_adv_by_std_in_grpo=True`, its default.
+    `rewards`: `(N,)` -> `(N,)`."""
+    grouped, scored = _grouped(rewards, group_size)
+    count, _, std, _ = _group_stats(grouped, scored)
+    if group_size < 2:
+        return _finish(torch.zeros_like(grouped), scored)
+    top = torch.where(scored, grouped, torch.tensor(float("-inf"), dtype=grouped.dtype)).topk(2, dim=1)
+    margin = (top.values[:, :1] - top.values[:, 1:]).masked_fill(count < 2, 0.0)
+    best = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], margin / (std + advantage_eps))
+    return _finish(best, scored)
 
 
 ADVANTAGE_TYPES: tuple[str, ...] = ADVANTAGES.names()
 
 
-def get_advantage_fn(name: str) -> Callable[..., torch.Tensor]:
-    """The advantage function `f(rewards (N,), group_size, advantage_eps) -> (N,)` registered as `name`."""
+def get_advantage_fn(name: str):
+    """The advantage estimator registered as `name` (see the module table for its inputs)."""
     return ADVANTAGES.lookup(name)
 
 
-def compute_group_normalized_rewards(
-    reward_fn: Callable[[str, Any], float | dict[str, float]],
-    rollout_responses: Sequence[str],
-    repeated_ground_truths: Sequence[Any],
-    group_size: int,
-    advantage_eps: float,
-    normalize_by_std: bool,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Score every response, then normalise the rewards within each group (the seeds' entry point).
+def group_normalize(
+    rewards: torch.Tensor, group_size: int, advantage_eps: float, normalize_by_std: bool
+) -> torch.Tensor:
+    """Group-relative advantages (the seeds' entry point): `group_mean_std` if `normalize_by_std` else `group_mean`.
 
     Args:
-        reward_fn: `reward_fn(response, ground_truth)` -> a float, or a dict with `"reward"` and optionally
-            `"format_reward"` / `"answer_reward"`.
-        rollout_responses: N completions, `group_size` contiguous ones per prompt.
-        repeated_ground_truths: N ground truths, each repeated `group_size` times to line up with the responses.
-        group_size: completions per prompt.
-        advantage_eps: added to the group std.
-        normalize_by_std: GRPO (`True`) or Dr.GRPO (`False`) advantages, see `group_normalize`.
+        rewards: `(N,)` one reward per completion, groups contiguous; N must be a multiple of `group_size`.
+        group_size: completions per prompt (TRL's `num_generations`).
+        advantage_eps: added to the std so an all-equal group gives 0 instead of 0/0.
+        normalize_by_std: divide by the group std (GRPO) or not (Dr.GRPO).
 
     Returns:
-        `(advantages (N,), raw_rewards (N,), metadata)`, both float32; metadata holds `reward_mean`,
-        `reward_std` (unbiased, over all N), `reward_max`, `reward_min` and the means of `format_reward` /
-        `answer_reward` when the reward function returns them.
+        `(N,)` advantages, same dtype as `rewards`.
     """
-    n = len(rollout_responses)
-    if n == 0:
-        raise ValueError("rollout_responses is empty")
-    if len(repeated_ground_truths) != n:
-        raise ValueError(
-            f"rollout_responses has {n} items but repeated_ground_truths has {len(repeated_ground_truths)}"
-        )
-    _check_group_size(n, group_size)
-    rewards: list[float] = []
-    components: dict[str, list[float]] = {}
-    for i, (response, truth) in enumerate(zip(rollout_responses, repeated_ground_truths, strict=True)):
-        out = reward_fn(response, truth)
-        if isinstance(out, dict):
-            if "reward" not in out:
-                raise ValueError(f"reward_fn returned a dict without 'reward' for row {i}: keys {sorted(out)}")
-            for key in ("format_reward", "answer_reward"):
-                if key in out:
-                    components.setdefault(key, []).append(float(out[key]))
-            out = out["reward"]
-        rewards.append(float(out))
-    raw_rewards = torch.tensor(rewards, dtype=torch.float32)
-    advantages = group_normalize(raw_rewards, group_size, advantage_eps, normalize_by_std)
-    metadata = {
-        "reward_mean": raw_rewards.mean().item(),
-        "reward_std": raw_rewards.std().item() if n > 1 else 0.0,
-        "reward_max": raw_rewards.max().item(),
-        "reward_min": raw_rewards.min().item(),
-    }
-    for key, values in components.items():
-        metadata[f"{key}_mean"] = sum(values) / len(values)
-    return advantages, raw_rewards, metadata
+    if normalize_by_std and group_size < 2:
+        raise ValueError("normalize_by_std needs group_size >= 2 (the unbiased std of one sample is undefined)")
+    if normalize_by_std:
+        return group_mean_std_advantages(rewards, group_size, advantage_eps)
+    return group_mean_advantages(rewards, group_size)

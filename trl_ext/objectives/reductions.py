@@ -1,18 +1,24 @@
-"""Reduction axis: from a `(B, T)` per-token loss and its response mask to one value per sequence `(B,)`.
+"""Reduction axis: from a per-token loss and its mask to one micro-batch's share of the optimizer step's loss.
 
-    masked_mean       L_b = sum_t m_bt * l_bt / sum_t m_bt     (GRPO: each sequence weighs the same, so a token of
-                                                                a short answer weighs more than one of a long one)
-    masked_normalize  L_b = sum_t m_bt * l_bt / C               (Dr.GRPO: C is a constant, max_completion_length,
-                                                                so every token weighs the same 1 / (C * B))
+With `l` the `(B, T)` per-token loss, `m` its 0/1 mask, `n_b = sum_t m_bt`, `B` the micro-batch's sequences,
+`GA` the accumulation steps and `N_win` the loss tokens of the whole accumulation window (per process):
 
-The caller then takes the batch mean. With `C = max_completion_length`, `masked_normalize` followed by the batch mean
-is seed 000's `masked_mean_drgrpo` (`sum / (C * B)`) and TRL's `loss_type="dr_grpo"`; `masked_mean` followed by the
-batch mean is TRL's `loss_type="grpo"`.
+    masked_mean            sum_b (sum_t m l / max(n_b, 1)) / B / GA   (GRPO; TRL grpo / sapo; verl seq-mean-token-mean)
+    masked_normalize       sum_bt m l / (B * C) / GA                  (Dr.GRPO, C = max_completion_length; TRL dr_grpo)
+    seq_mean_token_sum     sum_bt m l / B / GA                        (verl seq-mean-token-sum; TRL luspo)
+    microbatch_token_mean  sum_bt m l / max(sum_bt m, 1) / GA         (TRL bnpo)
+    token_mean             sum_bt m l / N_win                         (DAPO; TRL dapo / cispo / vespo; verl token-mean)
+
+Summed over the GA micro-batches (and averaged over processes by DDP) each gives the step's loss: a mean over
+sequences for the first three, over the micro-batch's tokens for `microbatch_token_mean`, over every token of the
+step for `token_mean` (so every token weighs the same, whatever its micro-batch). `masked_mean` gives a token of a
+short answer more weight than one of a long answer; that is the length bias Dr.GRPO and DAPO remove.
+
+`B` (`num_sequences`) and `sum_bt m` (`num_tokens`) default to the given batch's; a caller that drops rows which
+contribute 0 (the zero-advantage skip) passes the full micro-batch's, so the result does not change.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -23,7 +29,7 @@ REDUCTIONS = Registry("length_normalization")
 
 def _masked(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # `where`, not `tensor * mask`: padding positions may hold inf / nan (e.g. log-probs of pad tokens), and
-    # 0 * inf would leak NaN into the sum.
+    # 0 * inf would leak NaN into the sum. A (B, 1) per-sequence loss broadcasts over the mask's tokens.
     return torch.where(mask.bool(), tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
 
 
@@ -62,51 +68,79 @@ def masked_normalize(
     return total / normalize_constant
 
 
-def masked_mean_drgrpo(tensor: torch.Tensor, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Seed 000's Dr.GRPO reduction: `sum(m * x) / (num_tokens * B)`, a scalar.
-
-    Every unmasked token gets the same weight `1 / (num_tokens * B)`, whatever the length of its sequence.
-
-    Args:
-        tensor: `(B, T)`.
-        mask: `(B, T)`, 0/1.
-        num_tokens: the constant per sequence, usually `max_completion_length`.
-
-    Returns:
-        Scalar tensor.
-    """
-    return _masked(tensor, mask).sum() / (num_tokens * tensor.shape[0])
-
-
 @REDUCTIONS.register("masked_mean")
-def _per_sequence_masked_mean(
-    per_token_loss: torch.Tensor, mask: torch.Tensor, normalize_constant: float | None = None
+def masked_mean_reduction(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, num_sequences: int | None = None, accumulation_steps: int = 1
 ) -> torch.Tensor:
-    # Unlike `masked_mean`, an empty completion (all-zero mask row, e.g. TRL's mask_truncated_completions) gives 0,
-    # not NaN: the token count is clamped at 1, as TRL's loss_type="grpo" does, so one such row cannot poison
-    # the batch.
-    total = _masked(per_token_loss, mask).sum(dim=-1)
-    return total / mask.sum(dim=-1).clamp(min=1)
+    """Per-sequence masked mean, then the batch mean (an empty sequence gives 0: its count is clamped at 1, as TRL's
+    `grpo`). Args: `per_token_loss` `(B, T)` or `(B, 1)`, `mask` `(B, T)`. Returns a scalar."""
+    per_sequence = _masked(per_token_loss, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_sequence.sum() / (mask.size(0) if num_sequences is None else num_sequences) / accumulation_steps
 
 
 @REDUCTIONS.register("masked_normalize")
-def _per_sequence_masked_normalize(
-    per_token_loss: torch.Tensor, mask: torch.Tensor, normalize_constant: float | None = None
+def masked_normalize_reduction(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    normalize_constant: float,
+    num_sequences: int | None = None,
+    accumulation_steps: int = 1,
 ) -> torch.Tensor:
-    if normalize_constant is None:
+    """Token sum over the batch divided by `B * normalize_constant` (Dr.GRPO; seed 000's `masked_mean_drgrpo`).
+    Args: `per_token_loss` `(B, T)` or `(B, 1)`, `mask` `(B, T)`. Returns a scalar."""
+    if normalize_constant is None or not normalize_constant > 0:
         raise ValueError(
-            "length_normalization 'masked_normalize' needs normalize_constant (e.g. max_completion_length)"
+            f"length_normalization 'masked_normalize' needs normalize_constant > 0 (e.g. max_completion_length), "
+            f"got {normalize_constant}"
         )
-    if normalize_constant <= 0:
-        raise ValueError(f"normalize_constant must be > 0, got {normalize_constant!r}")
-    return masked_normalize(per_token_loss, mask, normalize_constant, dim=-1)
+    sequences = mask.size(0) if num_sequences is None else num_sequences
+    return _masked(per_token_loss, mask).sum() / (sequences * normalize_constant) / accumulation_steps
+
+
+@REDUCTIONS.register("seq_mean_token_sum")
+def seq_mean_token_sum_reduction(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, num_sequences: int | None = None, accumulation_steps: int = 1
+) -> torch.Tensor:
+    """Token sum per sequence, then the batch mean (verl `seq-mean-token-sum`). Returns a scalar."""
+    return (
+        _masked(per_token_loss, mask).sum()
+        / (mask.size(0) if num_sequences is None else num_sequences)
+        / (accumulation_steps)
+    )
+
+
+@REDUCTIONS.register("microbatch_token_mean")
+def microbatch_token_mean_reduction(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: torch.Tensor | float | None = None,
+    accumulation_steps: int = 1,
+) -> torch.Tensor:
+    """Mean over the micro-batch's loss tokens (TRL `bnpo`: depends on how the step is cut into micro-batches).
+    Returns a scalar."""
+    tokens = mask.sum() if num_tokens is None else num_tokens
+    tokens = torch.as_tensor(tokens, dtype=per_token_loss.dtype, device=per_token_loss.device).clamp(min=1.0)
+    return _masked(per_token_loss, mask).sum() / tokens / accumulation_steps
+
+
+@REDUCTIONS.register("token_mean")
+def token_mean_reduction(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, window_tokens: torch.Tensor | float | None = None
+) -> torch.Tensor:
+    """Token sum divided by the loss tokens of the whole accumulation window on this process (DAPO,
+    https://arxiv.org/abs/2503.14476; TRL `dapo`), so the step's loss is the mean over all its tokens. Not divided by
+    the accumulation steps: `window_tokens` already spans them. `None`: this batch's tokens (one micro-batch per
+    step). Returns a scalar."""
+    tokens = mask.sum() if window_tokens is None else window_tokens
+    tokens = torch.as_tensor(tokens, dtype=per_token_loss.dtype, device=per_token_loss.device).clamp(min=1.0)
+    return _masked(per_token_loss, mask).sum() / tokens
 
 
 LENGTH_NORMALIZATIONS: tuple[str, ...] = REDUCTIONS.names()
 
 
-def get_reduction(name: str) -> Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]:
-    """The per-sequence reduction `f(per_token_loss (B, T), mask (B, T), normalize_constant) -> (B,)` for `name`."""
+def get_reduction(name: str):
+    """The reduction registered as `name`: `f(per_token_loss, mask, <what it declares>) -> scalar`."""
     return REDUCTIONS.lookup(name)
 
 
@@ -115,16 +149,20 @@ def reduce_loss(
     mask: torch.Tensor,
     length_normalization: str = "masked_mean",
     normalize_constant: float | None = None,
+    **scale: object,
 ) -> torch.Tensor:
-    """Batch loss: the batch mean of the per-sequence reduction `length_normalization` (no backward, no GA scaling).
+    """The micro-batch loss of the reduction `length_normalization` (no backward).
 
     Args:
-        per_token_loss: `(B, T)`.
-        mask: `(B, T)` response mask, 0/1.
+        per_token_loss: `(B, T)` (or `(B, 1)` for a per-sequence loss).
+        mask: `(B, T)` loss mask, 0/1.
         length_normalization: one of `LENGTH_NORMALIZATIONS`.
-        normalize_constant: the constant `C` of `masked_normalize` (required there, ignored by `masked_mean`).
+        normalize_constant: `C` of `masked_normalize` (required there, ignored by the others).
+        **scale: `num_sequences`, `num_tokens`, `window_tokens`, `accumulation_steps` (defaults: this batch, 1 step).
 
     Returns:
-        Scalar `mean_b reduction(per_token_loss, mask, C)_b`.
+        A scalar.
     """
-    return get_reduction(length_normalization)(per_token_loss, mask, normalize_constant).mean()
+    return REDUCTIONS.call(
+        length_normalization, per_token_loss=per_token_loss, mask=mask, normalize_constant=normalize_constant, **scale
+    )

@@ -1,12 +1,16 @@
 """A tiny name -> function registry, one per axis (advantage, per-token loss, reduction).
 
 The idea is verl's `register_policy_loss`: a decorator fills the table and the getter lists the valid names on a
-typo, so a config value is validated against the same table the code runs from.
+typo, so a config value is validated against the same table the code runs from. A registered function declares the
+inputs it uses as keyword parameters; `call` hands it exactly those, and `parameters` lets the config tell which
+fields a chosen function ignores (so the docs, the config checks and the code cannot drift apart).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 
 class Registry(dict):
@@ -40,3 +44,16 @@ class Registry(dict):
 
     def names(self) -> tuple[str, ...]:
         return tuple(self)
+
+    def parameters(self, name: str) -> frozenset[str]:
+        """The names of the inputs the function registered as `name` declares (its parameters)."""
+        return frozenset(inspect.signature(self.lookup(name)).parameters)
+
+    def call(self, name: str, **available: Any) -> Any:
+        """Call the function registered as `name` with the entries of `available` it declares.
+
+        A declared parameter missing from `available` keeps the function's default (or raises `TypeError` when it
+        has none), so a caller can offer every input it has and let each function take what it uses.
+        """
+        wanted = self.parameters(name)
+        return self.lookup(name)(**{key: value for key, value in available.items() if key in wanted})

@@ -1,4 +1,4 @@
-"""One microbatch of SFT or GRPO: loss, gradient-accumulation scaling, and `backward()`.
+"""The seeds' train steps: one microbatch of SFT or GRPO, its loss, gradient-accumulation scaling and `backward()`.
 
 The loss is divided by `gradient_accumulation_steps` so that the gradients summed over the GA microbatches of one
 optimizer step equal the gradient of the mean loss (exactly so for equal-sized microbatches).
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from trl_ext.objectives.losses import compute_policy_gradient_loss
 from trl_ext.objectives.reductions import masked_mean, masked_normalize, reduce_loss
+from trl_ext.objectives.seed_api.losses import compute_policy_gradient_loss
 
 
 def _check_ga(gradient_accumulation_steps: int) -> None:
@@ -70,7 +70,7 @@ def grpo_microbatch_train_step(
         policy_log_probs: `(B, T)` log-probs under the policy being trained (requires grad).
         response_mask: `(B, T)`, 1 on response tokens.
         gradient_accumulation_steps: microbatches per optimizer step.
-        loss_type: one of `PG_LOSS_TYPES`.
+        loss_type: one of the seeds' four (`SEED_LOSSES`).
         raw_rewards: `(B, 1)` or `(B,)`, for `no_baseline`.
         advantages: `(B, 1)` or `(B,)`, for the other loss types.
         old_log_probs: `(B, T)`, for `grpo_clip` / `grpo_no_clip`.
