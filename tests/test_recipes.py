@@ -59,26 +59,29 @@ DIFFS = {
         {"model_name_or_path", "prompt", "chat_template", "chat_template_kwargs", "reward_funcs"},
     ),
     "countdown/seed001.yaml": ("countdown/base.yaml", {"temperature"}),
-    "countdown/seed000_grpo_l512.yaml": ("countdown/base.yaml", {"prompt", "pg_loss_type", "max_completion_length"}),
+    "countdown/seed000_grpo_l512.yaml": (
+        "countdown/base.yaml",
+        {"prompt", "pg_loss_type", "epsilon", "max_completion_length"},
+    ),
     "countdown/seed000_grpo_l256.yaml": ("countdown/seed000_grpo_l512.yaml", {"max_completion_length"}),
     "countdown/seed000_drgrpo_l512.yaml": (
         "countdown/seed000_grpo_l512.yaml",
-        {"use_std_normalization", "length_normalization"},
+        {"use_std_normalization", "advantage_eps", "length_normalization"},
     ),
     # compared with GRPO at the same length, not with its `base:` (Dr. GRPO L512)
     "countdown/seed000_drgrpo_l256.yaml": (
         "countdown/seed000_grpo_l256.yaml",
-        {"use_std_normalization", "length_normalization"},
+        {"use_std_normalization", "advantage_eps", "length_normalization"},
     ),
     "countdown/lr_3e-6.yaml": ("countdown/base.yaml", {"learning_rate"}),
     "countdown/lr_3e-5.yaml": ("countdown/base.yaml", {"learning_rate"}),
     "countdown/lr_1e-4.yaml": ("countdown/base.yaml", {"learning_rate"}),
-    "countdown/no_baseline.yaml": ("countdown/base.yaml", {"pg_loss_type"}),
+    "countdown/no_baseline.yaml": ("countdown/base.yaml", {"pg_loss_type", "use_std_normalization", "advantage_eps"}),
     "countdown/masked_normalize.yaml": ("countdown/base.yaml", {"length_normalization"}),
-    "countdown/no_std.yaml": ("countdown/base.yaml", {"use_std_normalization"}),
-    "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type"}),
+    "countdown/no_std.yaml": ("countdown/base.yaml", {"use_std_normalization", "advantage_eps"}),
+    "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type", "epsilon"}),
     **OFF_POLICY,
-    "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type"}),
+    "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type", "epsilon"}),
     # the seeds' exact precision: bf16 weights and AdamW states (the references keep fp32 master weights)
     **{
         f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
@@ -151,8 +154,9 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
     assert training_args.eval_strategy == "steps"
     assert 5 <= training_args.eval_steps * script_args.n_grpo_steps <= 10
     assert script_args.eval_limit >= 1024 and script_args.eval_split
-    # the seeds' objective constants
-    assert training_args.advantage_eps == 1e-6 and training_args.beta == 0.0
+    # the seeds' objective constants (the eps only where the advantage divides by a std)
+    assert training_args.advantage_eps == (1e-6 if training_args.advantage_type == "group_mean_std" else None)
+    assert training_args.beta == 0.0
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.weight_decay) == (0.9, 0.95, 0.0)
     assert training_args.max_grad_norm == 1.0 and training_args.num_generations == 8
 
@@ -166,7 +170,12 @@ def test_seed_batch_arithmetic_on_one_gpu():
     assert optimizer_steps_per_rollout(args) == 1
     assert script_args.n_grpo_steps == 200 and args.max_steps == 200
     assert args.learning_rate == 1e-5 and args.temperature == 1.0 and args.max_completion_length == 1024
-    assert args.pg_loss_type == "reinforce_with_baseline" and args.use_std_normalization
+    # reinforce_with_baseline with the std switch on: the seeds' GRPO advantage under the -A logp loss
+    assert (args.advantage_type, args.pg_loss_type, args.length_normalization) == (
+        "group_mean_std",
+        "reinforce",
+        "masked_mean",
+    )
     assert args.generation_kwargs == {"stop": ["</answer>"], "include_stop_str_in_output": True, "min_tokens": 4}
     # seed 001 samples at 0.7
     assert _parse("countdown/seed001.yaml")[1].temperature == 0.7
@@ -183,10 +192,11 @@ def test_off_policy_grid_maps_grpo_steps_to_optimizer_steps(epochs, train):
     assert args.pg_loss_type == "grpo_clip"
 
 
-def test_grpo_and_drgrpo_recipes_differ_in_two_lines_and_map_onto_trl():
+def test_grpo_and_drgrpo_recipes_differ_in_three_lines_and_map_onto_trl():
     text = (RECIPES / "countdown" / "seed000_drgrpo_l512.yaml").read_text().splitlines()
     settings = [line.split("#")[0].strip() for line in text if line.split("#")[0].strip()]
     assert sorted(settings) == [
+        "advantage_eps: null",
         "base: seed000_grpo_l512.yaml",
         "length_normalization: masked_normalize",
         "use_std_normalization: false",
@@ -203,7 +213,16 @@ def test_grpo_and_drgrpo_recipes_differ_in_two_lines_and_map_onto_trl():
         for f in dataclasses.fields(grpo)
         if f.name not in naming and getattr(grpo, f.name) != getattr(drgrpo, f.name)
     }
-    assert differing == {"use_std_normalization", "length_normalization", "loss_type", "scale_rewards"}
+    # the two Dr. GRPO changes, the eps the std took with it, and their resolved and TRL names
+    assert differing == {
+        "use_std_normalization",
+        "advantage_eps",
+        "length_normalization",
+        "normalize_constant",
+        "advantage_type",
+        "loss_type",
+        "scale_rewards",
+    }
 
 
 def test_seed000_recipes_use_the_tinyzero_prompt_through_qwen3_chat_template():

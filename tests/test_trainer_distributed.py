@@ -1,11 +1,18 @@
 """Two CPU processes (torchrun, gloo): advantages from the rewards gathered across ranks, sliced per rank, and
-identical parameters on both ranks after the optimizer steps."""
+identical parameters on both ranks after the optimizer steps.
+
+The estimator is reinforce_pp: a group baseline, then whitening over every completion of the step weighted by its
+length, so an advantage is right only if both ranks' rewards and lengths were gathered, in rank order, before the
+slice. The expectation is a plain-Python loop (verl's formula), not the function under test.
+Bugs caught: statistics over the local rank only, lengths not gathered, a slice off by a rank."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -13,8 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from trl_ext.objectives import group_normalize
 
 TESTS = Path(__file__).resolve().parent
 GROUP, PER_RANK = 4, 8
@@ -35,6 +40,7 @@ WORKER = textwrap.dedent(
                 "prompts": [x["prompt"] for x in inputs],
                 "gathered": self._gathered_rewards[:, 0].tolist(),
                 "advantages": out["advantages"].tolist(),
+                "lengths": out["completion_mask"].sum(dim=1).tolist(),
             }})
             return out
 
@@ -44,7 +50,7 @@ WORKER = textwrap.dedent(
     trainer = make_trainer(
         build_char_tokenizer(), os.path.join(out_dir, "run"), trainer_cls=Recording,
         group_size={group}, rollout_batch_size={rollout}, train_batch_size={rollout}, max_steps=2,
-        ddp_backend="gloo", learning_rate=5e-2, advantage_eps=1e-6,
+        ddp_backend="gloo", learning_rate=5e-2, advantage_type="reinforce_pp", advantage_eps=1e-8,
     )
     trainer.records = []
     initial = {{n: p.detach().clone() for n, p in trainer.model.named_parameters()}}
@@ -56,6 +62,18 @@ WORKER = textwrap.dedent(
                    "num_processes": trainer.accelerator.num_processes}}, f)
     """
 )
+
+
+def loop_reinforce_pp(rewards: list[float], lengths: list[int], group: int, eps: float) -> list[float]:
+    """verl's REINFORCE++-baseline: r - group mean, then whitened over tokens (each completion weighs its length)."""
+    centred = []
+    for start in range(0, len(rewards), group):
+        members = rewards[start : start + group]
+        mean = statistics.fmean(members)
+        centred += [0.0 if max(members) == min(members) else r - mean for r in members]
+    tokens = [c for c, n in zip(centred, lengths, strict=True) for _ in range(n)]
+    mean, var = statistics.fmean(tokens), statistics.variance(tokens)
+    return [(c - mean) / math.sqrt(var + eps) for c in centred]
 
 
 def _free_port() -> int:
@@ -84,7 +102,8 @@ def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
         assert rec0["prompts"] != rec1["prompts"], step  # and the ranks sampled different prompts
         gathered = torch.tensor(rec0["gathered"])
         assert gathered.numel() == 2 * PER_RANK and gathered.std() > 0
-        expected = group_normalize(gathered, GROUP, advantage_eps=1e-6, normalize_by_std=True)
+        lengths = rec0["lengths"] + rec1["lengths"]  # gathered in rank order
+        expected = torch.tensor(loop_reinforce_pp(rec0["gathered"], lengths, GROUP, 1e-8))
         for rank, rec in enumerate((rec0, rec1)):
             torch.testing.assert_close(
                 torch.tensor(rec["advantages"]),

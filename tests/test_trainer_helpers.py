@@ -67,6 +67,23 @@ def tiny_model(tokenizer, seed: int = 0):
     )
 
 
+def tiny_moe_model(tokenizer, seed: int = 0):
+    """A 1-layer Qwen3-MoE (4 experts, top 2) with a router aux-loss coefficient: TRL adds `coef * aux_loss`."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
+        num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.01, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
+    return model
+
+
 def make_trainer(
     tokenizer,
     output_dir,
@@ -115,6 +132,35 @@ def loss_and_grads(trainer, batch, accumulation: int = 1) -> tuple[torch.Tensor,
     loss = trainer._compute_loss(model, batch)
     loss.backward()
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def window_loss_and_grads(trainer, batch, accumulation: int = 2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One optimizer step's worth of work, as `Trainer.training_step` does it: `batch` split (in order) into
+    `accumulation` micro-batches, `trainer._compute_loss` and backward on each, gradients accumulated.
+
+    Returns the summed micro-batch losses and every parameter gradient.
+    """
+    from trl.trainer.utils import split_tensor_dict
+
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = accumulation
+    total = torch.zeros(())
+    for micro in split_tensor_dict(batch, accumulation):
+        loss = trainer._compute_loss(model, micro)
+        loss.backward()
+        total = total + loss.detach()
+    return total, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def saved_tiny_model(tokenizer, path):
+    """`tiny_model` saved to `path` and pointing at it (`config._name_or_path`), so TRL can load a reference model
+    from the same weights when `beta > 0`."""
+    model = tiny_model(tokenizer)
+    model.save_pretrained(path)
+    model.config._name_or_path = str(path)
+    return model
 
 
 @torch.no_grad()

@@ -2,38 +2,38 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 from test_trainer_helpers import make_trainer, one_torch_thread, reference_logps  # noqa: F401 (autouse fixture)
 
 from trl_ext import AblationGRPOTrainer
+from trl_ext.objectives import LENGTH_NORMALIZATIONS
 
 # Plain SGD with a constant rate and no clipping: one step moves the weights by exactly -lr * grad.
 SGD = dict(optim="sgd", lr_scheduler_type="constant", learning_rate=0.1, max_grad_norm=0.0, warmup_steps=0)
 
 
-@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
-def test_gradient_accumulation_invariance(char_tokenizer, tmp_path, length_normalization):
-    """The same 8 completions as 1 micro-batch of 8 (GA=1) or 2 of 4 (GA=2) give the same update."""
-    runs = {}
-    for ga in (1, 2):
-        trainer = make_trainer(
-            char_tokenizer,
-            tmp_path / f"ga{ga}",
-            length_normalization=length_normalization,
-            group_size=4,
-            rollout_batch_size=8,
-            train_batch_size=8,
-            gradient_accumulation_steps=ga,
-            max_steps=1,
-            **SGD,
-        )
-        assert trainer._train_batch_size == 8 // ga  # HF's per-device batch, not the seed's train_batch_size
-        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        trainer.train()
-        delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters()}
-        runs[ga] = (list(trainer._logs["completion"]), delta, trainer.state.log_history[0]["grad_norm"])
+def _one_step_update(char_tokenizer, out_dir, ga, **kwargs):
+    trainer = make_trainer(char_tokenizer, out_dir, group_size=4, rollout_batch_size=8, train_batch_size=8,
+                           gradient_accumulation_steps=ga, max_steps=1, **SGD, **kwargs)  # fmt: skip
+    assert trainer._train_batch_size == 8 // ga  # HF's per-device batch, not the seed's train_batch_size
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters()}
+    return list(trainer._logs["completion"]), delta, trainer.state.log_history[0]["grad_norm"]
 
+
+# microbatch_token_mean (TRL bnpo) depends on the cut into micro-batches by design: test_objectives_reductions.py.
+@pytest.mark.parametrize("length_normalization", [n for n in LENGTH_NORMALIZATIONS if n != "microbatch_token_mean"])
+def test_gradient_accumulation_invariance(char_tokenizer, tmp_path, length_normalization):
+    """The same 8 completions as 1 micro-batch of 8 (GA=1) or 2 of 4 (GA=2) give the same update.
+
+    Bug caught: a reduction scaled by the micro-batch instead of the step (e.g. token_mean dividing by the
+    micro-batch's tokens, or a missing 1 / GA) changes the GA=2 update."""
+    runs = {ga: _one_step_update(char_tokenizer, tmp_path / f"ga{ga}", ga, length_normalization=length_normalization)
+            for ga in (1, 2)}  # fmt: skip
     assert runs[1][0] == runs[2][0] and len(runs[1][0]) == 8  # the same sampled completions
     assert runs[1][2] > 1e-3
     assert runs[1][2] == pytest.approx(runs[2][2], rel=1e-5)
@@ -55,7 +55,8 @@ class RecordingTrainer(AblationGRPOTrainer):
     def _compute_loss(self, model, inputs):
         with torch.no_grad():
             current = reference_logps(model, inputs)
-        self.seen.append({"old": inputs["old_per_token_logps"].clone(), "current": current, **inputs})
+        old = inputs.get("old_per_token_logps")
+        self.seen.append({"old": None if old is None else old.clone(), "current": current, **inputs})
         return super()._compute_loss(model, inputs)
 
 
@@ -130,26 +131,54 @@ def component_reward(completions, log_metric=None, **kwargs) -> list[float]:
     return digits
 
 
+def _by_hand_group_mean_std(rewards: list[float], group_size: int, eps: float) -> list[float]:
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean, std = statistics.fmean(group), statistics.stdev(group)
+        out += [0.0 if max(group) == min(group) else (r - mean) / (std + eps) for r in group]
+    return out
+
+
 def test_step_metrics(char_tokenizer, tmp_path):
+    """Logged metrics against values recomputed from the logged completions, never from what the trainer wrote.
+
+    Bugs caught: clip fractions logged from the wrong tensor (step 2 is off-policy, so a clip metric stuck at 0 or
+    computed over padding fails), advantages logged but not used (the loss's batch is compared), rewards or
+    advantages aggregated over the wrong rows."""
     trainer = make_trainer(
-        char_tokenizer, tmp_path, reward=component_reward, group_size=4, rollout_batch_size=8, max_steps=1
-    )
+        char_tokenizer, tmp_path, trainer_cls=RecordingTrainer, reward=component_reward, loss_type="grpo",
+        group_size=4, rollout_batch_size=16, train_batch_size=8, max_steps=2, learning_rate=0.3,
+    )  # fmt: skip
     trainer.train()
-    logs = trainer.state.log_history[0]
+    logs = [h for h in trainer.state.log_history if "loss" in h]
     completions = list(trainer._logs["completion"])
-    rewards = torch.tensor([sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in completions])
+    digits = [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in completions]
     letters = sum(sum(ch.isalpha() for ch in t) / max(len(t), 1) for t in completions) / len(completions)
-    assert len(completions) == 8
+    assert len(completions) == 16 and len(logs) == 2 and statistics.stdev(digits) > 0
     # Reward metrics (TRL's, kept), recomputed from the logged completions.
-    assert logs["reward"] == pytest.approx(rewards.mean().item(), abs=1e-6)
-    assert logs["rewards/component_reward/mean"] == pytest.approx(rewards.mean().item(), abs=1e-6)
-    assert logs["rewards/component_reward/letter_share"] == pytest.approx(letters, abs=1e-6)
-    assert logs["reward_std"] == pytest.approx(rewards.std().item(), abs=1e-6)
-    # Ours: advantage statistics over the whole rollout, consistent with the completions table.
-    advantages = torch.tensor(list(trainer._logs["advantages"]))
-    zero_std_groups = (rewards.view(-1, 4).std(dim=1) == 0).float().mean().item()
-    assert logs["advantages/mean"] == pytest.approx(advantages.mean().item(), abs=1e-6)
-    assert logs["advantages/std"] == pytest.approx(advantages.std().item(), abs=1e-6)
-    assert logs["frac_reward_zero_std"] == pytest.approx(zero_std_groups)
-    assert 0.0 <= logs["clip_ratio/region_mean"] <= 1.0 and logs["entropy"] > 0
-    assert logs["grad_norm"] > 0 and "loss" in logs and logs["completions/mean_length"] > 0
+    assert logs[0]["reward"] == pytest.approx(statistics.fmean(digits), abs=1e-6)
+    assert logs[0]["rewards/component_reward/mean"] == pytest.approx(statistics.fmean(digits), abs=1e-6)
+    assert logs[0]["rewards/component_reward/letter_share"] == pytest.approx(letters, abs=1e-6)
+    assert logs[0]["reward_std"] == pytest.approx(statistics.stdev(digits), abs=1e-6)
+    # Ours: TRL's default advantage (group mean and std, eps 1e-4) recomputed by hand from the rewards ...
+    advantages = _by_hand_group_mean_std(digits, 4, 1e-4)
+    assert logs[0]["advantages/mean"] == pytest.approx(statistics.fmean(advantages), abs=1e-6)
+    assert logs[0]["advantages/std"] == pytest.approx(statistics.stdev(advantages), abs=1e-6)
+    # ... and the advantages the loss actually used: TRL shuffles the rollout, so compare as multisets.
+    used = sorted(a for step in trainer.seen for a in step["advantages"].tolist())
+    assert used == pytest.approx(sorted(advantages), abs=1e-5)
+    groups = torch.tensor(digits).view(-1, 4)
+    assert logs[0]["frac_reward_zero_std"] == pytest.approx((groups.std(dim=1) == 0).float().mean().item())
+
+    # Clip fractions: step 1 is on-policy (exactly 0), step 2 trains on the same rollout after one update.
+    assert logs[0]["clip_ratio/region_mean"] == 0.0
+    second = trainer.seen[1]
+    ratio = torch.exp(second["current"] - second["old"])
+    adv, mask = second["advantages"][:, None], second["completion_mask"].bool()
+    low, high = (ratio < 0.8) & (adv < 0) & mask, (ratio > 1.2) & (adv > 0) & mask
+    assert logs[1]["clip_ratio/low_mean"] == pytest.approx((low.sum() / mask.sum()).item(), abs=1e-6)
+    assert logs[1]["clip_ratio/high_mean"] == pytest.approx((high.sum() / mask.sum()).item(), abs=1e-6)
+    assert logs[1]["clip_ratio/region_mean"] == pytest.approx(((low | high).sum() / mask.sum()).item(), abs=1e-6)
+    assert logs[1]["clip_ratio/region_mean"] > 0
+    assert logs[0]["entropy"] > 0 and logs[0]["grad_norm"] > 0 and logs[0]["completions/mean_length"] > 0

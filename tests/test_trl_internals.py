@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from collections import defaultdict, deque
 
 import pytest
@@ -18,9 +19,10 @@ import trl
 from test_trainer_helpers import generate, group_inputs, make_trainer, one_torch_thread  # noqa: F401 (autouse fixture)
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ext.trainer import _FORWARD_KEYS
+from trl_ext.axes import TRL_ADVANTAGE_EPS, TRL_DEFAULT_LOSS_TYPE, TRL_EPSILON, TRL_LOSS_TYPES, TRL_SCALE_REWARDS
+from trl_ext.trainer import _FORWARD_KEYS, _LOSS_FIELDS
 
-WHERE = "trl_ext/trainer.py"
+WHERE = "trl_ext/trainer.py, trl_ext/axes.py"
 
 
 def _changed(what: str) -> str:
@@ -38,8 +40,13 @@ def _params(fn) -> list[str]:
         ("_generate_and_score_completions", ["self", "inputs"]),
         ("_compute_loss", ["self", "model", "inputs"]),
         ("compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"]),
+        ("get_high_entropy_mask", ["self", "entropies", "mask", "threshold"]),
+        ("get_off_policy_mask", ["advantages", "per_token_logps", "sampling_per_token_logps", "mask",
+                                 "off_policy_threshold"]),
+        ("get_gamma_weights", ["advantages", "log_ratio_per_token", "mask", "importance_sampling_ratio", "k_pos",
+                               "lambda_pos", "k_neg", "lambda_neg"]),
     ],
-)
+)  # fmt: skip
 def test_overridden_method_signatures(method, expected):
     assert hasattr(GRPOTrainer, method), _changed(f"GRPOTrainer.{method} no longer exists")
     got = _params(getattr(GRPOTrainer, method))
@@ -77,11 +84,13 @@ def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
 
 
 def test_config_fields_and_defaults_the_config_maps_onto():
-    # "Unset" means "equal to TRL's default" in AblationGRPOConfig's contradiction checks.
+    # With no axis field set, AblationGRPOConfig resolves to these TRL defaults (trl_ext/axes.py hard-codes them).
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     expected = {
-        "loss_type": "dapo",
+        "loss_type": TRL_DEFAULT_LOSS_TYPE,
         "scale_rewards": "group",
+        "epsilon": TRL_EPSILON,
+        "importance_sampling_level": "token",
         "num_generations": 8,
         "num_iterations": 1,
         "generation_batch_size": None,
@@ -89,17 +98,42 @@ def test_config_fields_and_defaults_the_config_maps_onto():
         "beta": 0.0,
         "epsilon_high": None,
         "delta": None,
-        "importance_sampling_level": "token",
         "top_entropy_quantile": 1.0,
         "off_policy_mask_threshold": None,
         "entropy_coef": 0.0,
         "use_adaptive_entropy": False,
+        "use_bias_correction_kl": True,
         "multi_objective_aggregation": "sum_then_normalize",
     }
     for name, value in expected.items():
         assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/config.py reads it)")
         assert defaults[name] == value, _changed(f"GRPOConfig.{name} default {defaults[name]!r}, was {value!r}")
+    for name in _LOSS_FIELDS:  # the loss parameters the trainer hands to the registered losses
+        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/trainer.py passes it)")
     assert "steps_per_generation" in inspect.getsource(GRPOConfig.__post_init__)
+
+
+def test_trl_loss_types_and_advantage_formulas_are_the_ones_mapped():
+    # A new or renamed TRL loss_type / scale_rewards must be mapped onto the axes (trl_ext/axes.py) and get an
+    # equivalence case (tests/test_trainer_equivalence.py) before trl_ext claims to be a drop-in for it.
+    loss_source = inspect.getsource(GRPOTrainer._compute_loss)
+    named = set(
+        re.findall(r'"([a-z_]+)"', " ".join(re.findall(r"self\.loss_type (?:==|in|!=) ([^:]+):", loss_source)))
+    )
+    assert named == set(TRL_LOSS_TYPES), _changed(f"_compute_loss handles loss types {sorted(named)}")
+    help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    assert all(f"'{name}'" in help_text for name in TRL_LOSS_TYPES), _changed("GRPOConfig.loss_type's values")
+    generate_source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for value in TRL_SCALE_REWARDS:
+        assert f'"{value}"' in generate_source, _changed(f"scale_rewards={value!r} is no longer handled")
+    assert TRL_ADVANTAGE_EPS == 1e-4 and "(std_rewards + 1e-4)" in generate_source, _changed(
+        "TRL's advantage epsilon is no longer 1e-4 (AblationGRPOConfig's default advantage_eps mirrors it)"
+    )
+    # The token_mean window (TRL dapo) and the loss order the trainer reproduces.
+    assert "num_items_in_batch" in loss_source and "steps_per_generation" in loss_source, _changed("dapo normaliser")
+    assert 'self.loss_type != "vespo"' in loss_source, _changed("vespo no longer folds the vLLM ratio into phi")
+    for attr in ("_entropy_bonus_enabled", "_last_world_entropy", "_entropy_window_stats"):
+        assert attr in loss_source, _changed(f"the entropy bonus no longer uses self.{attr}")
 
 
 def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
@@ -108,8 +142,9 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
     assert all(isinstance(m, defaultdict) and m.default_factory is list for m in trainer._metrics.values())
     assert isinstance(trainer._logs["advantages"], deque), _changed("_logs['advantages'] is not a deque")
     assert {"prompt", "completion", "rewards", "advantages"} <= set(trainer._logs), _changed("_logs keys")
-    for attr in ("reward_weights", "num_generations", "num_generations_eval", "epsilon_low", "epsilon_high",
-                 "aux_loss_enabled", "accelerator"):  # fmt: skip
+    for attr in ("reward_weights", "num_generations", "num_generations_eval", "aux_loss_enabled",
+                 "router_aux_loss_coef", "accelerator", "scale_rewards", "entropy_coef", "use_adaptive_entropy",
+                 "_entropy_bonus_enabled", "_last_world_entropy", "_entropy_window_stats"):  # fmt: skip
         assert hasattr(trainer, attr), _changed(f"GRPOTrainer.{attr} no longer set in __init__")
 
     captured = {}
@@ -125,7 +160,15 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
     out = generate(trainer, inputs)
     assert "rewards" in captured, _changed("_generate_and_score_completions no longer calls _calculate_rewards")
     assert captured["rewards"].shape == (len(inputs), 1), _changed("_calculate_rewards output is not (N, n_funcs)")
-    needed = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps"}
+    needed = {
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "old_per_token_logps",
+        "num_items_in_batch",
+    }
     assert needed <= set(out), _changed(f"_generate_and_score_completions output lacks {needed - set(out)}")
     assert out["advantages"].shape == (len(inputs),), _changed("advantages are no longer one per completion (B,)")
     assert len(trainer._logs["advantages"]) == n_logged + len(inputs), _changed(

@@ -1,14 +1,14 @@
-"""`AblationGRPOConfig`: TRL's `GRPOConfig` plus the three ablation axes and the seeds' batch vocabulary.
+"""`AblationGRPOConfig`: TRL's `GRPOConfig` plus the three objective axes and the seeds' batch vocabulary.
 
-The axes (choices are the keys of the `trl_ext.objectives` registries, so the docs cannot drift from the code):
-advantage (`pg_loss_type == "no_baseline"` -> raw rewards; otherwise group mean-centred, divided by
-`std + advantage_eps` when `use_std_normalization`), per-token loss (`pg_loss_type`) and reduction
-(`length_normalization`, `normalize_constant`).
-
-TRL's own `loss_type` / `scale_rewards` are derived from ours (`masked_mean` -> `"grpo"`, `masked_normalize` ->
-`"dr_grpo"`; std on -> `"group"`, off -> `"none"`) so TRL-side code that reads them behaves; an explicit value that
-contradicts ours is an error. A dataclass cannot tell an explicit value from its default, so "explicit" means
-"different from TRL's default" here (for example `loss_type="dapo"`, TRL's default, is taken as unset).
+The axes, each resolved through its registry in `trl_ext.objectives` (so the choices cannot drift from the code):
+`advantage_type`, `pg_loss_type`, `length_normalization`, with `advantage_eps` and `normalize_constant`. The seeds'
+names (`pg_loss_type` `no_baseline` / `reinforce_with_baseline`, `use_std_normalization`) are presets onto them and
+TRL's `loss_type` / `scale_rewards` are another spelling of the same choices. Every field read by the resolution
+defaults to `None` (really unset); `trl_ext.axes` documents the rules: explicit fields win, two that disagree are an
+error naming both, a field the combination ignores is an error, and with nothing set the config trains what
+`trl.GRPOConfig()` trains (loss_type "dapo", scale_rewards "group", eps 1e-4, epsilon 0.2). After `__post_init__`
+the axis fields hold the resolved names, and `loss_type` / `scale_rewards` TRL's names for them (None where TRL has
+none).
 
 Seed batch vocabulary -> TRL (world size W: `$WORLD_SIZE`, set by `torchrun` / `accelerate launch`, else 1;
 the trainer re-checks it against `accelerator.num_processes`):
@@ -22,16 +22,20 @@ the trainer re-checks it against `accelerator.num_processes`):
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_ext.objectives import LENGTH_NORMALIZATIONS, PG_LOSS_TYPES
+from trl_ext.axes import (
+    PG_LOSS_CHOICES,
+    TRL_LOSS_TYPES,
+    check_off_policy,
+    check_skip_zero_advantage,
+    resolve_axes,
+)
+from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 from trl_ext.sampling import check_dynamic_sampling_config
-
-# TRL loss_type whose own reduction equals ours; set on the config so TRL code keyed on loss_type stays coherent.
-_TRL_LOSS_TYPE = {"masked_mean": "grpo", "masked_normalize": "dr_grpo"}
-_SCALE_REWARDS_ALIASES = {True: "group", False: "none", "true": "group", "false": "none"}
 
 
 def _trl_default(name: str):
@@ -44,14 +48,17 @@ def _world_size() -> int:
 
 @dataclass
 class AblationGRPOConfig(GRPOConfig):
-    r"""`trl.GRPOConfig` plus the seeds' ablation axes and batch vocabulary (module docstring: the mapping).
+    r"""`trl.GRPOConfig` plus the objective axes and the seeds' batch vocabulary (module docstring: the mapping).
 
     Parameters:
-        pg_loss_type: per-token loss, one of `trl_ext.objectives.PG_LOSS_TYPES`.
-        use_std_normalization: divide group-centred rewards by the group std (+ `advantage_eps`).
-        advantage_eps: the epsilon in `A = (r - mean_g) / (std_g + eps)` (TRL hard-codes 1e-4; seeds use 1e-6).
-        length_normalization: reduction over tokens, one of `trl_ext.objectives.LENGTH_NORMALIZATIONS`.
+        advantage_type: advantage estimator, one of `trl_ext.objectives.ADVANTAGE_TYPES`.
+        pg_loss_type: per-token loss, one of `trl_ext.objectives.PG_LOSS_TYPES` or a seeds' preset.
+        length_normalization: reduction, one of `trl_ext.objectives.LENGTH_NORMALIZATIONS`.
+        use_std_normalization: the seeds' switch: `group_mean_std` (True) or `group_mean` (False).
+        advantage_eps: the eps of the estimators that divide by a std (TRL hard-codes 1e-4; the seeds use 1e-6).
         normalize_constant: divisor of `masked_normalize` (default: `max_completion_length`).
+        loss_type, scale_rewards, epsilon, importance_sampling_level: TRL's fields, redeclared with default None
+            ("unset"); resolved as `trl.GRPOConfig` would when no axis field says otherwise.
         group_size, rollout_batch_size, train_batch_size, epochs_per_rollout_batch: the seeds' batch vocabulary,
             optional, mapped onto TRL's fields.
         skip_zero_advantage_completions: leave completions with advantage exactly 0 out of the loss's forward and
@@ -62,34 +69,76 @@ class AblationGRPOConfig(GRPOConfig):
     Trainer's per-device `_train_batch_size` accordingly.
     """
 
-    pg_loss_type: str = field(
-        default="grpo_clip",
+    advantage_type: str | None = field(
+        default=None,
         metadata={
-            "help": f"Per-token policy-gradient loss. One of: {', '.join(PG_LOSS_TYPES)}. `no_baseline` uses the raw "
-            "rewards as advantages; the others use group-normalised advantages.",
-            "choices": list(PG_LOSS_TYPES),
+            "help": f"Advantage estimator. One of: {', '.join(ADVANTAGE_TYPES)}. Unset: from pg_loss_type's preset, "
+            "use_std_normalization or scale_rewards (TRL's default 'group' = group_mean_std).",
+            "choices": list(ADVANTAGE_TYPES),
         },
     )
-    use_std_normalization: bool = field(
-        default=True,
-        metadata={"help": "Divide the group mean-centred rewards by the group std (+ advantage_eps)."},
-    )
-    advantage_eps: float = field(
-        default=1e-6,
-        metadata={"help": "Epsilon added to the group std: A = (r - mean) / (std + advantage_eps). TRL uses 1e-4."},
-    )
-    length_normalization: str = field(
-        default="masked_mean",
+    pg_loss_type: str | None = field(
+        default=None,
         metadata={
-            "help": f"Reduction of the per-token loss. One of: {', '.join(LENGTH_NORMALIZATIONS)}. `masked_mean`: "
-            "mean over each completion's tokens, then over the batch (GRPO); `masked_normalize`: sum over tokens / "
-            "normalize_constant, then batch mean (Dr. GRPO).",
+            "help": f"Per-token policy-gradient loss. One of: {', '.join(PG_LOSS_CHOICES)}. The seeds' no_baseline "
+            "(raw rewards) and reinforce_with_baseline are presets of the 'reinforce' loss (-A logp). Unset: from "
+            "loss_type (TRL's default 'dapo' = grpo_clip).",
+            "choices": list(PG_LOSS_CHOICES),
+        },
+    )
+    length_normalization: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Reduction of the per-token loss. One of: {', '.join(LENGTH_NORMALIZATIONS)}. masked_mean: "
+            "mean over each completion's tokens, then over the batch (GRPO); masked_normalize: sum over tokens / "
+            "normalize_constant, then batch mean (Dr. GRPO); token_mean: mean over every token of the optimizer step "
+            "(DAPO). Unset: from loss_type (TRL's default 'dapo' = token_mean).",
             "choices": list(LENGTH_NORMALIZATIONS),
+        },
+    )
+    use_std_normalization: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The seeds' switch: divide the group mean-centred rewards by the group std + advantage_eps "
+            "(advantage_type group_mean_std) or not (group_mean)."
+        },
+    )
+    advantage_eps: float | None = field(
+        default=None,
+        metadata={
+            "help": "Epsilon of the estimators that divide by a std: A = (r - mean) / (std + advantage_eps). "
+            "Unset: TRL's 1e-4 (the seeds use 1e-6)."
         },
     )
     normalize_constant: float | None = field(
         default=None,
         metadata={"help": "Divisor of the `masked_normalize` reduction. Default: max_completion_length."},
+    )
+    loss_type: str | None = field(
+        default=None,
+        metadata={
+            "help": f"TRL's loss_type ({', '.join(TRL_LOSS_TYPES)}): a (pg_loss_type, length_normalization) pair. "
+            "Unset: TRL's default 'dapo' unless the axis fields say otherwise; after resolution, TRL's name for "
+            "the resolved axes (None when TRL has none)."
+        },
+    )
+    scale_rewards: str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's scale_rewards (group, batch, none; or true / false): advantage_type group_mean_std, "
+            "batch_std, group_mean. Unset: TRL's default 'group' unless the axis fields say otherwise."
+        },
+    )
+    epsilon: float | None = field(
+        default=None,
+        metadata={"help": "Lower clip range of the clipped losses (TRL's epsilon). Unset: 0.2 where a loss uses it."},
+    )
+    importance_sampling_level: str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's importance_sampling_level ('token' or 'sequence', GSPO's ratio) for the ratio losses. "
+            "Unset: 'token' (gspo and luspo are per sequence by definition)."
+        },
     )
     group_size: int | None = field(
         default=None,
@@ -117,10 +166,9 @@ class AblationGRPOConfig(GRPOConfig):
             "equal, under a baseline) out of the loss's forward and backward. They add exactly 0 to the loss and "
             "its gradient, so both are unchanged and a step saves about that share of the training compute; "
             "`entropy` and `clip_ratio/*` are then logged over the trained completions only. Has no effect with a "
-            "MoE router aux loss or multimodal inputs."
+            "MoE router aux loss or multimodal inputs; an error with beta, an entropy bonus or top_entropy_quantile."
         },
     )
-
     dynamic_sampling: bool = field(
         default=False,
         metadata={
@@ -138,78 +186,36 @@ class AblationGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._check_axes()
-        self._reject_unsupported()
-        self._derive_trl_loss_fields()
+        self._resolve_axes()
         self._map_seed_batch_fields()
         # GRPOConfig.__post_init__ derives generation_batch_size / steps_per_generation from the fields set above.
         super().__post_init__()
+        check_off_policy(self)
+        check_skip_zero_advantage(self)
+        self._check_vespo_sampler_correction()
         check_dynamic_sampling_config(self)
 
-    def _check_axes(self):
-        if self.pg_loss_type not in PG_LOSS_TYPES:
-            raise ValueError(f"pg_loss_type={self.pg_loss_type!r} is unknown; choose one of {list(PG_LOSS_TYPES)}")
-        if self.length_normalization not in LENGTH_NORMALIZATIONS:
-            raise ValueError(
-                f"length_normalization={self.length_normalization!r} is unknown; "
-                f"choose one of {list(LENGTH_NORMALIZATIONS)}"
-            )
-        if not self.advantage_eps >= 0:
-            raise ValueError(f"advantage_eps={self.advantage_eps} must be >= 0")
-        if self.normalize_constant is None:
-            self.normalize_constant = float(self.max_completion_length)
-        if not self.normalize_constant > 0:
-            raise ValueError(f"normalize_constant={self.normalize_constant} must be > 0")
+    def _resolve_axes(self):
+        resolved = resolve_axes(self)
+        for message in resolved.warnings:
+            warnings.warn(message, UserWarning, stacklevel=3)
+        for name, value in vars(resolved).items():
+            if name != "warnings":
+                setattr(self, name, value)
 
-    def _reject_unsupported(self):
-        """TRL options that change the loss in ways the ablation axes do not model: refuse rather than ignore."""
-        unsupported = {
-            "beta": (self.beta != 0.0, "the KL penalty is not one of the ablation axes; set beta=0.0"),
-            "delta": (self.delta is not None, "two-sided clipping is not supported; unset delta"),
-            "importance_sampling_level": (
-                self.importance_sampling_level != "token",
-                "ratios are per token in the seeds' losses; set importance_sampling_level='token'",
-            ),
-            "top_entropy_quantile": (
-                self.top_entropy_quantile != 1.0,
-                "entropy masking is not supported; set top_entropy_quantile=1.0",
-            ),
-            "off_policy_mask_threshold": (
-                self.off_policy_mask_threshold is not None,
-                "off-policy sequence masking is not supported; unset off_policy_mask_threshold",
-            ),
-            "entropy_coef": (
-                self.entropy_coef != 0.0 or self.use_adaptive_entropy,
-                "the entropy bonus is not supported; set entropy_coef=0.0 and use_adaptive_entropy=False",
-            ),
-            "multi_objective_aggregation": (
-                self.multi_objective_aggregation != "sum_then_normalize",
-                "advantages are computed from the weighted sum of rewards; set "
-                "multi_objective_aggregation='sum_then_normalize'",
-            ),
-        }
-        for name, (bad, why) in unsupported.items():
-            if bad:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not supported by AblationGRPOTrainer: {why}")
-
-    def _derive_trl_loss_fields(self):
-        loss_type = _TRL_LOSS_TYPE[self.length_normalization]
-        if self.loss_type != _trl_default("loss_type") and self.loss_type != loss_type:
+    def _check_vespo_sampler_correction(self):
+        # TRL raises this in GRPOTrainer.__init__ for loss_type="vespo"; ours also covers pg_loss_type="vespo".
+        token_modes = ("token_truncate", "token_mask")
+        if (
+            self.pg_loss_type == "vespo"
+            and self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and self.vllm_importance_sampling_mode not in token_modes
+        ):
             raise ValueError(
-                f"loss_type={self.loss_type!r} contradicts length_normalization={self.length_normalization!r} "
-                f"(which implies loss_type={loss_type!r}); choose the reduction with length_normalization and "
-                "leave loss_type unset"
+                f"pg_loss_type='vespo' folds the vLLM ratio into its per-sequence weight token by token, but "
+                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}; choose one of {token_modes}"
             )
-        self.loss_type = loss_type
-        scale = "group" if self.use_std_normalization else "none"
-        given = _SCALE_REWARDS_ALIASES.get(self.scale_rewards, self.scale_rewards)
-        if given != _trl_default("scale_rewards") and given != scale:
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} contradicts use_std_normalization={self.use_std_normalization} "
-                f"(which implies scale_rewards={scale!r}); choose with use_std_normalization and leave scale_rewards "
-                "unset"
-            )
-        self.scale_rewards = scale
 
     def _set_trl(self, seed_name: str, trl_name: str, value: int):
         """Set TRL field `trl_name` from seed field `seed_name`, unless the user set it to something else."""

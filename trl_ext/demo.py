@@ -426,6 +426,7 @@ def run_grpo(
         epochs_per_rollout_batch=cfg.epochs_per_rollout,
         pg_loss_type="grpo_clip",
         use_std_normalization=True,
+        advantage_eps=1e-6,  # the seeds' eps (AblationGRPOConfig's default is TRL's 1e-4)
         length_normalization="masked_mean",
         max_steps=cfg.grpo_steps,
         max_completion_length=cfg.max_completion_length,

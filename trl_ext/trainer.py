@@ -1,13 +1,16 @@
-"""`AblationGRPOTrainer`: TRL's `GRPOTrainer` whose advantage, per-token loss and reduction come from
-`trl_ext.objectives`, chosen by `AblationGRPOConfig` (the three axes of the CS336 A5 ablations).
+"""`AblationGRPOTrainer`: TRL's `GRPOTrainer` whose advantage, per-token loss and reduction are looked up by name in
+the `trl_ext.objectives` registries, as `AblationGRPOConfig` resolved them.
 
-How it departs from `trl.GRPOTrainer` (everything else, generation, reward calls, vLLM, logging, checkpoints, is
+How it departs from `trl.GRPOTrainer` (generation, reward calls, vLLM, reference model, logging and checkpoints are
 TRL's own code):
 
-1. advantages: recomputed from the rewards TRL gathers across processes, with a configurable epsilon
-   (`advantage_eps`; TRL hard-codes 1e-4) or no baseline at all (`pg_loss_type="no_baseline"`: `A = r`);
-2. per-token loss: `-A * logp`, clipped or unclipped `ratio * A` (`pg_loss_type`);
-3. reduction: per-sequence masked mean or masked sum / constant (`length_normalization`, `normalize_constant`).
+1. advantages: recomputed from the rewards TRL gathers across processes by `objectives.compute_advantages`
+   (`advantage_type`, `advantage_eps`, `multi_objective_aggregation`), instead of TRL's fixed formulas;
+2. loss: `objectives.policy_objective` (the `pg_loss_type` loss with TRL's masks, sampler correction and KL), then
+   the `length_normalization` reduction; TRL's entropy bonus and MoE aux loss on top, as TRL adds them.
+
+With the TRL-named combinations (every `loss_type` x `scale_rewards`) this is TRL's loss to float rounding; the
+equivalence tests compare loss and gradients with stock `GRPOTrainer` on the same batch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_ext.config import AblationGRPOConfig
-from trl_ext.objectives import compute_policy_gradient_loss, group_normalize, reduce_loss
+from trl_ext.objectives import (
+    REDUCTIONS,
+    adaptive_entropy_coef,
+    compute_advantages,
+    entropy_bonus,
+    policy_objective,
+)
 from trl_ext.sampling import DynamicSamplingMixin
 
 # Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
@@ -43,29 +52,48 @@ _TOKEN_KEYS = (
     "sampling_per_token_logps",
     "ref_per_token_logps",
 )
+# The loss parameters a registered loss may declare, read from the config of the same name.
+_LOSS_FIELDS = (
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+)
 
 
-def drop_zero_advantage_rows(inputs: dict) -> tuple[dict, float]:
-    """The completions of a TRL batch whose advantage is not 0, and the kept share of the batch.
+def _loss_mask(inputs: dict) -> torch.Tensor:
+    """`(B, T)` completion tokens that count in the loss (tool outputs excluded), as TRL."""
+    mask = inputs["completion_mask"]
+    return mask if inputs.get("tool_mask") is None else mask * inputs["tool_mask"]
 
-    A completion with `A = 0` adds exactly 0 to every policy-gradient loss here (`-A * logp`,
-    `-min(rho * A, clip(rho) * A)`, times any importance ratio) and to its gradient, and every reduction is a mean
-    over completions; so `kept_share * mean over kept completions` is the full batch's loss, with its gradient.
+
+def drop_zero_advantage_rows(inputs: dict) -> dict:
+    """The completions of a TRL batch whose advantage is not 0.
+
+    A completion with `A = 0` adds exactly 0 to every registered policy-gradient loss (each is a multiple of `A`)
+    and to its gradient, and every reduction sums over completions; given the full micro-batch's counts (which the
+    trainer passes), the kept rows give the full batch's loss and gradient. `AblationGRPOConfig` refuses the options
+    that break this (KL, entropy bonus, entropy quantile).
 
     Args:
         inputs: a batch as `_generate_and_score_completions` returns it; `advantages` `(B,)` or `(B, 1)`.
 
     Returns:
-        `(batch, kept_share)`: the rows with `A != 0` of every per-completion entry, completion columns cut after
-        the kept rows' last completion token (prompt columns kept: left padding sets the positions); `kept_share =
-        kept / B`. `(inputs, 1.0)` when every row counts or the batch holds multimodal entries. When no row
-        counts, row 0 stays (its loss is 0), so the forward, the backward and distributed collectives still run.
+        The rows with `A != 0` of every per-completion entry, completion columns cut after the kept rows' last
+        completion token (prompt columns kept: left padding sets the positions). `inputs` itself when every row
+        counts or the batch holds multimodal entries. When no row counts, row 0 stays (its loss is 0), so the
+        forward, the backward and distributed collectives still run.
     """
     advantages = inputs["advantages"]
     n = advantages.size(0)
     keep = advantages.reshape(n, -1).ne(0).any(dim=1)  # (B,)
     if keep.all() or any(inputs.get(key) is not None for key in _FORWARD_KEYS):
-        return inputs, 1.0
+        return inputs
     if not keep.any():
         keep[0] = True
     rows = keep.nonzero().squeeze(1)
@@ -77,11 +105,11 @@ def drop_zero_advantage_rows(inputs: dict) -> tuple[dict, float]:
     for key in _TOKEN_KEYS:
         if inputs.get(key) is not None:
             batch[key] = inputs[key][rows, :width]
-    return batch, rows.numel() / n
+    return batch
 
 
 class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
-    """Drop-in `trl.GRPOTrainer` with the seeds' advantage / loss / reduction axes (see `AblationGRPOConfig`).
+    """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     Overrides exactly:
 
@@ -89,26 +117,21 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
       is checked against `accelerator.num_processes` (the config could only read `$WORLD_SIZE`); HF's per-device
       `_train_batch_size` is reset, since the seed field `train_batch_size` shadows HF's property of that name.
     - `_calculate_rewards`: calls TRL's and keeps its gathered `(N_global, n_reward_funcs)` rewards.
-    - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with ours (this
-      process's slice of the global advantages, sliced as TRL does) and the advantages TRL just appended to the
-      completions table; logs `advantages/mean` and `advantages/std`.
-    - `_compute_loss`: with `skip_zero_advantage_completions`, first drops the completions whose advantage is 0
-      (`drop_zero_advantage_rows`: same loss and gradient); then TRL's log-prob / entropy forward
-      (`_get_per_token_logps_and_entropies`), old log-probs from the batch when TRL computed them (off-policy) else
-      the detached current ones, then
-      `objectives.compute_policy_gradient_loss` and `objectives.reduce_loss`, divided by the gradient accumulation
-      steps in training (TRL turns HF's automatic scaling off). Logs `entropy` and, for `grpo_clip`, TRL's
-      `clip_ratio/{low,high,region}_mean` (region = fraction of completion tokens whose clipped term was active).
+    - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with
+      `objectives.compute_advantages` of the gathered rewards (and completion lengths), sliced for this process as
+      TRL slices, and the advantages TRL just appended to the completions table; logs `advantages/mean|std`.
+    - `_compute_loss`: TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), TRL's entropy mask
+      (`get_high_entropy_mask`) and off-policy mask (`get_off_policy_mask`), then `objectives.policy_objective`
+      and the registered reduction; TRL's entropy bonus (with its adaptive coefficient) and MoE aux loss. With
+      `skip_zero_advantage_completions`, the completions whose advantage is 0 are dropped first (same loss and
+      gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
+      `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
 
     With `dynamic_sampling`, `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) builds each
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
-    one generation batch.
+    one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
 
-    Kept from TRL as is: reward metrics (`reward`, `reward_std`, `rewards/<func>/mean|std`,
-    `frac_reward_zero_std` = fraction of zero-std groups), completion lengths, loss and grad norm, tool masks,
-    vLLM importance-sampling correction (multiplied into the per-token loss as TRL does) and the MoE aux loss.
-    Options the axes do not model (KL `beta`, entropy masks / bonus, sequence-level ratios, ...) are refused by
-    the config.
+    Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """
 
     _tag_names = ["trl", "grpo", "trl_ext"]
@@ -120,10 +143,13 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         if not isinstance(args, AblationGRPOConfig):
             raise TypeError(
                 f"args must be an AblationGRPOConfig, got {type(args).__name__}; build the config with "
-                "trl_ext.AblationGRPOConfig (it adds pg_loss_type, length_normalization, ...)"
+                "trl_ext.AblationGRPOConfig (it accepts every trl.GRPOConfig field)"
             )
         self._gathered_rewards: torch.Tensor | None = None
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
+        # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
+        self.scale_rewards = args.scale_rewards or "none"
         # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
@@ -143,46 +169,34 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         self._gathered_rewards = rewards_per_func  # (N_global, n_reward_funcs), every process's completions
         return rewards_per_func
 
-    def compute_advantages(self, rewards_per_func: torch.Tensor, group_size: int) -> torch.Tensor:
-        """Advantages of every process's completions from the gathered rewards.
+    def compute_advantages(
+        self, rewards_per_func: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Advantages `(N,)` of every process's completions: `objectives.compute_advantages` with this config.
 
         Args:
             rewards_per_func: `(N, n_funcs)` rewards (NaN where a function returned None), groups contiguous.
             group_size: completions per prompt.
-
-        Returns:
-            `(N,)`: `r` for `no_baseline`, else `objectives.group_normalize(r, ...)`, with `r` the weighted sum over
-            reward functions (as TRL); completions no function could score (all None) get advantage 0 and are
-            left out of their group's mean and std, as in TRL.
+            lengths: `(N,)` completion lengths in loss tokens (for the estimators that weigh by length).
         """
-        weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # (N,)
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        if self.args.pg_loss_type == "no_baseline":
-            return rewards.masked_fill(unscorable, 0.0)
-        # One completion per group (eval with num_generations_eval=1) has no std; its centred reward is 0 anyway.
-        by_std = self.args.use_std_normalization and group_size > 1
-        advantages = group_normalize(rewards, group_size, self.args.advantage_eps, by_std)
-        # As TRL: a completion no reward function could score stays out of its group's mean and std (a group of
-        # its scored members only) and gets advantage 0. Rare, hence the loop over the affected groups only.
-        for group in unscorable.view(-1, group_size).any(dim=1).nonzero().flatten().tolist():
-            members = torch.arange(group * group_size, (group + 1) * group_size, device=rewards.device)
-            scored = members[~unscorable[members]]
-            if scored.numel() > 1:
-                args = self.args
-                advantages[scored] = group_normalize(
-                    rewards[scored], scored.numel(), args.advantage_eps, args.use_std_normalization
-                )
-            else:
-                advantages[scored] = 0.0
-        return advantages.masked_fill(unscorable, 0.0)
+        args = self.args
+        return compute_advantages(
+            rewards_per_func,
+            self.reward_weights.to(rewards_per_func.device),
+            group_size,
+            args.advantage_type,
+            multi_objective_aggregation=args.multi_objective_aggregation,
+            advantage_eps=args.advantage_eps,
+            lengths=lengths,
+        )
 
     def _generate_and_score_completions(self, inputs):
         self._gathered_rewards = None
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = self.compute_advantages(self._gathered_rewards, group_size)  # (N_global,)
+        lengths = self.accelerator.gather(_loss_mask(output).sum(dim=1))  # (N_global,), a collective on every rank
+        advantages = self.compute_advantages(self._gathered_rewards, group_size, lengths)  # (N_global,)
         local = output["advantages"].size(0)
         start = self.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
@@ -196,25 +210,45 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         return output
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
-        """Token-weighted mean over all processes: `sum(x * m) / sum(m)`; `x`, `mask`: `(B, T)`."""
-        mask = mask.to(x.dtype)
-        totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum()]), reduction="sum")
+        """Mean over all processes' loss tokens of `x` `(B, T)`, or over sequences for a `(B, 1)` `x` (as TRL)."""
+        if x.size(1) == 1:
+            local = torch.stack([x.sum(), torch.tensor(float(x.size(0)), device=x.device)])
+        else:
+            mask = mask.to(x.dtype)
+            local = torch.stack([(x * mask).sum(), mask.sum()])
+        totals = self.accelerator.reduce(local, reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
+    def _loss_scale(self, inputs: dict, mode: str) -> dict:
+        """The denominators of the reductions, from the full micro-batch (before any row is skipped)."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        mask = _loss_mask(inputs)
+        scale = {"accumulation_steps": accumulation, "num_sequences": mask.size(0), "num_tokens": mask.sum()}
+        if inputs.get("num_items_in_batch") is not None:
+            # TRL's `num_items_in_batch` counts the loss tokens of the whole generation batch on every process;
+            # one accumulation window on one process holds GA / steps_per_generation of it / num_processes.
+            window = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                window = window * accumulation / self.args.steps_per_generation
+            scale["window_tokens"] = window
+        return scale
+
     def _compute_loss(self, model, inputs):
-        """Loss of one micro-batch: `reduce(pg_loss(logp, old_logp, A), mask) / gradient_accumulation_steps`.
+        """Loss of one micro-batch: `reduce(policy_objective(logp, old_logp, A, mask))`, minus TRL's entropy bonus,
+        plus TRL's aux loss; scaled so the micro-batches of one optimizer step sum to the step's loss.
 
         `logp`, `old_logp`, `mask`: `(B, T)` over completion tokens; `A`: `(B, 1)` from `inputs["advantages"]`.
         """
         args = self.args
-        kept_share = 1.0
+        mode = "train" if self.model.training else "eval"
+        scale = self._loss_scale(inputs, mode)
         if args.skip_zero_advantage_completions and not self.aux_loss_enabled:
-            inputs, kept_share = drop_zero_advantage_rows(inputs)
+            inputs = drop_zero_advantage_rows(inputs)
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
+        mask = _loss_mask(inputs)  # (B, T)
 
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
@@ -225,36 +259,86 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
             compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _FORWARD_KEYS},
         )  # (B, T)
+        entropy_mask = None
+        if args.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - args.top_entropy_quantile)
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1)
         # TRL stores old log-probs only when the batch is reused or sampled by an older policy; otherwise the
         # sampling policy is the current one and the ratio is exp(0) = 1 with the gradient of logp.
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
-        advantages = inputs["advantages"]
-        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1)
+        off_policy_mask = None
+        if args.off_policy_mask_threshold is not None:
+            sampling = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            off_policy_mask = self.get_off_policy_mask(
+                advantages, per_token_logps, sampling, mask, args.off_policy_mask_threshold
+            )
 
-        per_token_loss, loss_metadata = compute_policy_gradient_loss(
-            per_token_logps,
+        per_token_loss, metrics = policy_objective(
             args.pg_loss_type,
-            raw_rewards=advantages,  # equal to the raw rewards when pg_loss_type == "no_baseline"
-            advantages=advantages,
-            old_log_probs=old_per_token_logps,
-            cliprange=(self.epsilon_low, self.epsilon_high),
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+            off_policy_mask=off_policy_mask,
+            entropy_mask=entropy_mask,
+            ref_log_probs=inputs.get("ref_per_token_logps"),
+            beta=args.beta,
+            use_bias_correction_kl=args.use_bias_correction_kl,
+            importance_sampling_level=args.importance_sampling_level,
+            **{name: getattr(args, name) for name in _LOSS_FIELDS},
         )
-        if "importance_sampling_ratio" in inputs:  # vLLM sampler vs trainer mismatch, corrected as TRL does
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-        loss = reduce_loss(per_token_loss, mask, args.length_normalization, args.normalize_constant) * kept_share
-
-        mode = "train" if self.model.training else "eval"
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        loss = loss / accumulation
+        loss = REDUCTIONS.call(
+            args.length_normalization,
+            per_token_loss=per_token_loss,
+            mask=mask,
+            normalize_constant=args.normalize_constant,
+            **scale,
+        )
+        if self._entropy_bonus_enabled:
+            # TRL logs the policy part before its accumulation scaling (a token_mean loss has none).
+            scaled = "accumulation_steps" in REDUCTIONS.parameters(args.length_normalization)
+            policy_loss = loss.detach() * (scale["accumulation_steps"] if scaled else 1)
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, mode, scale["accumulation_steps"])
         if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            loss = loss + self.router_aux_loss_coef * aux_loss / scale["accumulation_steps"]
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies.detach(), mask))
-        if "clipped" in loss_metadata:
-            for name, key in (("low", "clipped_low"), ("high", "clipped_high"), ("region", "clipped")):
-                value = self._global_masked_mean(loss_metadata[key].float(), mask)
-                self._metrics[mode][f"clip_ratio/{name}_mean"].append(value)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(self._global_masked_mean(value, mask))
+        return loss
+
+    def _add_entropy_bonus(self, loss, entropies, mask, entropy_mask, mode: str, accumulation: int):
+        """`loss - coef * objectives.entropy_bonus(...)` over the tokens the policy loss acts on, with TRL's adaptive
+        coefficient (applied from the previous optimizer step, updated from this window's entropy)."""
+        args = self.args
+        effective_mask = mask if entropy_mask is None else mask * entropy_mask
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
+            coef = 0.0
+        loss = loss - coef * entropy_bonus(entropies, effective_mask, accumulation)
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            window = self._entropy_window_stats
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                self.entropy_coef = adaptive_entropy_coef(
+                    self.entropy_coef,
+                    entropy,
+                    args.entropy_target,
+                    args.entropy_coef_delta,
+                    args.entropy_coef_min,
+                    args.entropy_coef_max,
+                )
+                self._last_world_entropy = entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return loss
