@@ -229,7 +229,13 @@ def test_built_batch_equals_a_batch_built_by_hand_from_the_kept_groups(char_toke
     entries or advantages misaligned with their rows, and a token count left at one generation batch's."""
     # Only varied prompts to draw from: the second generation batch overfills the batch (3 varied groups for 2).
     trainer = _trainer(
-        char_tokenizer, tmp_path, RecordingTrainer, VARIED, pg_loss_type=pg_loss_type, max_generation_batches=8
+        char_tokenizer,
+        tmp_path,
+        RecordingTrainer,
+        VARIED,
+        pg_loss_type=pg_loss_type,
+        max_generation_batches=8,
+        length_normalization="masked_mean",
     )
     trainer.rounds = []
     # The first batch keeps one group of two, so more must be drawn; its dropped prompt is the longest of all, so

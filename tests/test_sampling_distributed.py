@@ -50,7 +50,7 @@ WORKER = textwrap.dedent(
     trainer = make_trainer(
         build_char_tokenizer(), os.path.join(out_dir, "run"), trainer_cls=Recording, reward=equal_or_varied_reward,
         dataset=_dataset(), num_generations={group}, per_device_train_batch_size={per_rank}, max_steps=3,
-        ddp_backend="gloo", dynamic_sampling=True, max_generation_batches=8,
+        ddp_backend="gloo", dynamic_sampling=True, max_generation_batches=8, advantage_eps=1e-6,
     )
     trainer.records = []
     trainer.train()
