@@ -53,6 +53,8 @@ def test_score_of_an_invalid_program_is_the_format_reward_with_the_verifier_mess
     ("text", "message"),
     [
         ("just words", "no ```python code block found in the answer"),
+        ("```python\npoints = [[1] * 11,", "the ```python code block is never closed (cut at the token limit?)"),
+        ("<think>let me see", "the reply ends inside <think>: no answer after </think> (cut at the token limit?)"),
         ("```python\n1/0\n```", "the program raised ZeroDivisionError: division by zero"),
         ("```python\npoints = 'abc'\n```", "`points` must be a list of vectors, got str"),
     ],

@@ -37,7 +37,7 @@ def write_report(
         f"- Strategy: {strategy} (the verifier's message of the round's best attempt is fed back)",
         f"- Sampling: temperature {cfg.temperature}, at most {cfg.max_tokens} tokens, seed {cfg.seed}",
         f"- Sandbox: {cfg.time_limit_s:g} s per program; verifier with exact integer arithmetic",
-        f"- Wall time: {seconds:.0f} s for {len(attempts)} programs",
+        f"- Wall time: {seconds:.0f} s for {len(attempts)} replies",
         "",
         "## Result",
         "",

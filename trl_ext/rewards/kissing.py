@@ -211,6 +211,18 @@ def extract_program(text: str) -> str | None:
     return blocks[-1] if blocks and blocks[-1].strip() else None
 
 
+def _no_program_message(text) -> str:
+    """Why `extract_program` found nothing, in words the model can act on."""
+    if not isinstance(text, str):
+        return "no ```python code block found in the answer"
+    if "<think>" in text and "</think>" not in text:
+        return "the reply ends inside <think>: no answer after </think> (cut at the token limit?)"
+    answer = text.rsplit("</think>", 1)[-1]
+    if answer.count("```") % 2 == 1:
+        return "the ```python code block is never closed (cut at the token limit?)"
+    return "no ```python code block found in the answer"
+
+
 def score_kissing_completion(
     text: str,
     dimension: int = 11,
@@ -228,7 +240,7 @@ def score_kissing_completion(
     """
     program = extract_program(text)
     if program is None:
-        message = "no ```python code block found in the answer"
+        message = _no_program_message(text)
         return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0, "validity": 0.0, "num_points": 0,
                 "message": message}  # fmt: skip
     run = run_points_program(program, (limits or SandboxLimits()).time_limit_s, limits)
