@@ -4,11 +4,10 @@ Countdown: completions per second of the TRL-protocol `countdown_reward` on comp
 `countdown/dev.parquet` problems (numpy columns, as a parquet dataset gives them): a ~300-character reasoning
 preamble and an answer that is the solver's correct equation, its "Step X:" form, a wrong equation, or no tag.
 Throughput is completions per CPU-second of the benchmark process, pinned to one core (the wall-clock rate of one
-cold pass is recorded too; on a shared machine it also counts other processes' turns). Measured with the parse
-cache cleared before each pass (every answer new) and, secondly, warm (answers seen
-before, as when a GRPO group repeats an answer). Baselines in the same run: the tag search alone (`re.search` for
-`<answer>...</answer>`, what any reward pays) and Python's parser alone on the extracted answers (`ast`, which the
-spec requires; no eval). Goal: >= 50,000 completions/s.
+cold pass is recorded too; on a shared machine it also counts other processes' turns). Measured with the shape
+cache cleared before each pass (every answer shape new) and, secondly, warm (shapes seen before). Baselines in
+the same run: the tag search alone (`re.search` for `<answer>...</answer>`, what any reward pays) and Python's
+parser alone on the extracted answers. Goal: >= 50,000 completions/s.
 
 MATH: `grade` latency per pair over MATH500 pairs (each answer against itself, its `\\dfrac` / spaced / boxed /
 decimal rewrites, and the next problem's answer), with a fresh math-verify worker and empty caches; worker
@@ -78,7 +77,7 @@ def bench_countdown(repeats: int, limit: int | None) -> dict:
     import ast
 
     from trl_ext.rewards import countdown_reward
-    from trl_ext.rewards.countdown import _parse_and_evaluate, extract_answer
+    from trl_ext.rewards.countdown import _SHAPES, extract_answer
 
     texts, nums, targets = _countdown_completions(random.Random(0), limit)
     n = len(texts)
@@ -87,7 +86,7 @@ def bench_countdown(repeats: int, limit: int | None) -> dict:
     rewards = countdown_reward(texts, nums=nums, target=targets)  # warm-up, and the outcome mix below
 
     def cold():
-        _parse_and_evaluate.cache_clear()  # every answer new to the reward, as in a first epoch
+        _SHAPES.clear()  # every answer shape new to the reward, as in a first epoch
         countdown_reward(texts, nums=nums, target=targets)
 
     def parse_only():

@@ -161,24 +161,40 @@ def test_step_answers(answer, numbers, target, require_all, expected):
 
 
 @pytest.mark.parametrize(
-    "text, ground_truth, expected",
+    "text, ground_truth, require_all, expected",
     [
-        # seed 000's three outcomes
-        ("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, 1.0),
-        ("<answer>(64 + 14) + 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, 0.1),
-        ("(64 + 14) - 16", {"numbers": [64, 14, 16, 7], "target": 62}, 0.0),
-        ("<answer>(65 - 7) - 7</answer>", {"nums": [7, 7, 65], "target": 51}, 1.0),  # `nums` key
-        ("<answer>6/(1-3/4)</answer>", {"nums": np.array([6, 1, 3, 4]), "target": np.int64(24)}, 1.0),
-        ("<answer>(7 + 7) + 7</answer>", {"numbers": [7, 7, 65], "target": 21}, 0.1),  # invalid numbers
-        ("<answer>1/0</answer>", {"numbers": [1, 0], "target": 0}, 0.1),
-        ("<answer></answer>", {"numbers": [1], "target": 1}, 0.1),  # tag present, empty answer
-        ("<answer>1</answer><answer>2</answer>", {"numbers": [1, 2], "target": 2}, 1.0),  # last tag counts
-        ("<answer>2</answer><answer>1</answer>", {"numbers": [1, 2], "target": 2}, 0.1),
-        ("<answer>7/2</answer>", {"numbers": [7, 2], "target": 3}, 0.1),  # 3.5 is not 3
+        # seed 000's three outcomes; its example leaves 7 unused, which only the at-most-once rule accepts
+        ("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, False, 1.0),
+        ("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, True, 0.1),
+        ("<answer>(64 + 14) + 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, False, 0.1),
+        ("(64 + 14) - 16", {"numbers": [64, 14, 16, 7], "target": 62}, False, 0.0),
+        ("<answer>(65 - 7) - 7</answer>", {"nums": [7, 7, 65], "target": 51}, True, 1.0),  # `nums` key
+        ("<answer>6/(1-3/4)</answer>", {"nums": np.array([6, 1, 3, 4]), "target": np.int64(24)}, True, 1.0),
+        ("<answer>(7 + 7) + 7</answer>", {"numbers": [7, 7, 65], "target": 21}, False, 0.1),  # 7 three times
+        ("<answer>1/0</answer>", {"numbers": [1, 0], "target": 0}, True, 0.1),
+        ("<answer></answer>", {"numbers": [1], "target": 1}, True, 0.1),  # tag present, empty answer
+        ("<answer>1+2</answer><answer>2+1</answer>", {"numbers": [1, 2], "target": 3}, True, 1.0),  # last tag
+        ("<answer>2+1</answer><answer>2-1</answer>", {"numbers": [1, 2], "target": 3}, True, 0.1),
+        ("<answer>7/2</answer>", {"numbers": [7, 2], "target": 3}, True, 0.1),  # 3.5 is not 3
+        # the free reward of the at-most-once rule: a bare given number that equals the target
+        ("<answer> 33 </answer>", {"numbers": [33, 5, 12], "target": 33}, False, 1.0),
+        ("<answer> 33 </answer>", {"numbers": [33, 5, 12], "target": 33}, True, 0.1),
+        ("<answer> 33 </answer>", {"numbers": [33], "target": 33}, True, 1.0),  # one number: it is the answer
+        ("<answer>07 + 1</answer>", {"numbers": [7, 1], "target": 8}, True, 0.1),  # not a Python int literal
+        ("<answer>00 + 8</answer>", {"numbers": [0, 8], "target": 8}, True, 1.0),  # `00` is one (zero)
     ],
 )
-def test_countdown_reward_fn(text, ground_truth, expected):
-    assert countdown_reward_fn(text, ground_truth) == expected
+def test_countdown_reward_fn(text, ground_truth, require_all, expected):
+    assert countdown_reward_fn(text, ground_truth, require_all=require_all) == expected
+
+
+def test_default_rule_is_each_number_exactly_once():
+    """The bug: the default let `<answer> 33 </answer>` score 1.0 when 33 was one of the given numbers."""
+    gt = {"numbers": [33, 5, 12], "target": 33}
+    assert countdown_reward_fn("<answer>33</answer>", gt) == 0.1
+    assert countdown_reward_components("<answer>33</answer>", gt)["answer_reward"] == 0.0
+    assert validate_numbers("33", [33, 5, 12]) is False
+    assert countdown_reward_fn("<answer>33 + 5 - 12 + 7</answer>", {"numbers": [33, 5, 12, 7], "target": 33}) == 1.0
 
 
 def test_components():
@@ -222,7 +238,7 @@ def test_require_all_matches_tinyzero_rule_exhaustively():
             for text, value in _all_trees(subset):
                 correct = value == target
                 text = f"<answer>{text}</answer>"
-                assert countdown_reward_fn(text, gt) == (1.0 if correct else 0.1), text
+                assert countdown_reward_fn(text, gt, require_all=False) == (1.0 if correct else 0.1), text
                 full = correct and size == 4
                 assert countdown_reward_fn(text, gt, require_all=True) == (1.0 if full else 0.1), text
                 counts["full" if full else "partial" if correct else "wrong"] += 1
@@ -237,6 +253,11 @@ def test_require_all_matches_tinyzero_rule_exhaustively():
         ({"numbers": [1, 2]}, "'target'"),
         ({"numbers": [1, 2.5], "target": 3}, "'numbers'"),
         ({"numbers": [1, 2], "target": "x"}, "'target'"),
+        ({"numbers": [1, 2], "target": float("nan")}, "'target' must hold integers, got nan"),
+        ({"numbers": [1, None], "target": 3}, "'numbers' must hold integers, got None"),
+        ({"numbers": [True, 2], "target": 3}, "'numbers' must hold integers, got the bool True"),
+        ({"numbers": [], "target": 3}, "'numbers' is empty"),
+        ({"numbers": [1, 2], "target": None}, "no 'target'"),
         ([1, 2, 3], "mapping"),
     ],
 )

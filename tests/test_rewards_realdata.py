@@ -126,7 +126,8 @@ def test_countdown_dev_rewards_match_independent_arithmetic():
             texts.append(f"<think>...</think> <answer>{text}</answer>")
             nums.append(row.nums)
             targets.append(row.target)
-            expected.append(1.0 if value == row.target else 0.1)
+            used_all = sorted(int(n) for n in re.findall(r"[0-9]+", text)) == sorted(numbers)
+            expected.append(1.0 if value == row.target and used_all else 0.1)
     rewards = countdown_reward(texts, nums=nums, target=targets)
     assert rewards == expected
     hits = sum(r == 1.0 for r in rewards)

@@ -56,13 +56,19 @@ def test_chat_completions_equal_plain_strings():
     assert countdown_reward(odd, target=[9, 9], nums=[[1, 2, 3]] * 2) == [0.0, 0.0]
 
 
-def test_require_all_variant():
-    reward = CountdownReward(require_all=True)
-    assert reward.__name__ == "countdown_reward_all_numbers"
-    assert reward(["<answer>4 * 5</answer>", "<answer>4 * 5 - 6</answer>"], target=[20, 14], nums=[[4, 5, 6]] * 2) == [
-        0.1,
-        1.0,
-    ]
+def test_number_rules():
+    """Default: every number exactly once; `require_all=False` (seed 000) lets numbers go unused."""
+    texts = ["<answer>4 * 5</answer>", "<answer>4 * 5 - 6</answer>"]
+    columns = dict(target=[20, 14], nums=[[4, 5, 6]] * 2)
+    assert countdown_reward.__name__ == "countdown_reward" and countdown_reward.require_all is True
+    assert countdown_reward(texts, **columns) == [0.1, 1.0]
+    at_most_once = CountdownReward(require_all=False)
+    assert at_most_once.__name__ == "countdown_reward_at_most_once"
+    assert at_most_once(texts, **columns) == [1.0, 1.0]
+    assert REWARD_FUNCS["countdown_at_most_once"](texts, **columns) == [1.0, 1.0]
+    assert REWARD_FUNCS["countdown_all_numbers"] is countdown_reward
+    with pytest.raises(ValueError, match="require_all must be True or False"):
+        CountdownReward(require_all="yes")
 
 
 def test_missing_columns_are_named():
@@ -117,12 +123,12 @@ def test_registry():
     assert get_reward_funcs("r1_zero, question_only") == [r1_zero_reward, question_only_reward]
     assert {f.__name__ for f in REWARD_FUNCS.values()} == {
         "countdown_reward",
-        "countdown_reward_all_numbers",
+        "countdown_reward_at_most_once",
         "r1_zero_reward",
         "question_only_reward",
         "kissing_reward",
     }
-    with pytest.raises(ValueError, match=r"\['nope'\].*valid: \['countdown', 'countdown_all_numbers'"):
+    with pytest.raises(ValueError, match=r"\['nope'\].*valid: \['countdown', 'countdown_all_numbers', 'countdown_at_"):
         get_reward_funcs(["countdown", "nope"])
     with pytest.raises(ValueError, match="unknown math reward style"):
         MathReward("bogus")
@@ -141,7 +147,7 @@ def test_stock_grpo_trainer_trains_one_step(tiny_model, char_tokenizer, tmp_path
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = [([1, 2, 3], 6), ([2, 3, 4], 9), ([1, 4, 5], 9), ([2, 2, 5], 9)]
+    rows = [([1, 2, 3], 6), ([2, 3, 4], 9), ([4, 5], 9), ([2, 2, 5], 9)]
     dataset = Dataset.from_dict(
         {
             "prompt": [f"{nums} -> {target} :" for nums, target in rows],
@@ -152,7 +158,7 @@ def test_stock_grpo_trainer_trains_one_step(tiny_model, char_tokenizer, tmp_path
     )
     vocab = char_tokenizer.get_vocab()
     # Random weights never write a tagged answer; a bias on the token pairs of `</think> <answer>4+5</answer>`
-    # makes the completions mix no tag, broken tags, wrong and right answers (4+5 = 9 with [1, 4, 5] only).
+    # makes the completions mix no tag, broken tags, wrong and right answers (4+5 = 9 with [4, 5] only).
     chain = ["</think>", " ", "<answer>", "4", "+", "5", "</answer>"]
     bias = [[[vocab["</think>"]], 6.0]] + [[[vocab[a], vocab[b]], 8.0] for a, b in itertools.pairwise(chain)]
     args = GRPOConfig(

@@ -12,35 +12,37 @@ Two answer forms are accepted (seed 001's Countdown prompt allows both):
 
 Rules, chosen and fixed here:
 
-- Numbers are a sub-multiset of the given ones by default (seed 000's `validate_numbers` asserts: not every number
-  has to be used, none may be used more often than given). `require_all=True` is TinyZero's rule: every number
-  exactly once.
+- Every given number is used exactly once by default (`require_all=True`: the rule the prompts state and the
+  problems are generated with; TinyZero's). `require_all=False` is seed 000's `validate_numbers` reading: the
+  numbers used are a sub-multiset of the given ones (not every number has to be used, none more often than given);
+  it lets a bare `<answer> 33 </answer>` score 1.0 whenever 33 is one of the given numbers.
 - Only ASCII digits, whitespace, `+ - * /` and parentheses; no unary minus (the game has only the four binary
-  operations, and a negation never reaches a positive target that the binary operations cannot), no `**`, no
-  implicit multiplication, no names or calls. The text is parsed with `ast` and a whitelist of nodes is evaluated
-  in exact rational arithmetic (`Fraction`), so `6/(1-3/4)` is exactly 24; nothing is ever `eval`-ed.
+  operations), no `**`, no implicit multiplication, no names or calls, no leading zeros (`07`); Python's grammar
+  for these tokens. Nothing is ever `eval`-ed: the numbers are cut out of the text, what is left (the "shape",
+  e.g. `(0+0)-0*0`) is parsed once by a small recursive-descent parser into a list of binary operations (cached:
+  a training run sees few shapes), and the operations run on the numbers in exact arithmetic (ints while
+  divisions are exact, `Fraction` after), so `6/(1-3/4)` is exactly 24. A property test checks this against
+  Python's own parser (`ast`) and a whitelisted evaluation of its tree.
 - Bounded work on any input: an equation longer than `MAX_EQUATION_CHARS` or nested deeper than `MAX_NESTING`
-  parentheses is invalid before it reaches the parser, and at most `MAX_STEPS` step lines are read.
+  parentheses is invalid before it is parsed, and at most `MAX_STEPS` step lines are read.
 """
 
 from __future__ import annotations
 
-import ast
+import operator
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from functools import lru_cache
 
 __all__ = [
     "MAX_EQUATION_CHARS",
     "MAX_NESTING",
     "MAX_STEPS",
+    "countdown_numbers_and_target",
     "countdown_reward_components",
     "countdown_reward_fn",
     "evaluate_equation",
     "extract_answer",
-    "countdown_numbers_and_target",
     "parse_countdown_ground_truth",
     "score_countdown",
     "validate_numbers",
@@ -53,15 +55,17 @@ MAX_STEPS = 16
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 
+# Outcome codes of `score_code`: index into the reward and its components.
+NO_TAG, WRONG, CORRECT = 0, 1, 2
+REWARDS = (0.0, FORMAT_REWARD, CORRECT_REWARD)
+
 _OPEN, _CLOSE = "<answer>", "</answer>"
 # ASCII only: `\d` would also accept other scripts' digits, which `int()` silently converts.
-_EQUATION_CHARS = re.compile(r"[0-9+\-*/()\s]+")
 _INTEGER = re.compile(r"[0-9]+")
-_STEP_PREFIX = re.compile(r"\s*step\s*[0-9]+\s*[:.)]\s*", re.IGNORECASE)
-_RESULT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*")
+_NUMBERS_AND_GAPS = re.compile(r"([0-9]+)")
+_LEADING_ZERO = re.compile(r"(?<![0-9])0+[1-9]")  # `07` is not a Python int literal (`0` and `00` are)
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _DECIMAL = re.compile(r"([0-9]+)\.([0-9]+)")
-_STEP_CHARS = re.compile(r"[0-9.+\-*/()\s]+")
 
 Number = int | Fraction
 
@@ -91,7 +95,7 @@ def extract_answer(text: str) -> str | None:
 
 def _numbers_allowed(used: list[int], numbers: list[int], require_all: bool) -> bool:
     if require_all:
-        return sorted(used) == sorted(numbers)
+        return len(used) == len(numbers) and sorted(used) == sorted(numbers)
     pool = list(numbers)  # a list beats a Counter for the 3-6 numbers of a problem
     for number in used:
         try:
@@ -101,16 +105,17 @@ def _numbers_allowed(used: list[int], numbers: list[int], require_all: bool) -> 
     return True
 
 
-def validate_numbers(equation: str, available_numbers: Iterable[int], require_all: bool = False) -> bool:
+def validate_numbers(equation: str, available_numbers: Iterable[int], require_all: bool = True) -> bool:
     """Whether the integers written in `equation` may be used, given `available_numbers`.
 
-    Rule: the multiset of integers in the equation is a sub-multiset of the available numbers (each number at most
-    as often as given); with `require_all=True` it must equal the available multiset (each number exactly once).
+    Rule: with `require_all=True` (the default) the multiset of integers in the equation equals the available
+    multiset (each number exactly once); with `require_all=False` it is a sub-multiset (each at most as often as
+    given, seed 000's reading).
 
     Args:
-        equation: an arithmetic expression such as `"(64 + 14) - 16"`.
+        equation: an arithmetic expression such as `"(64 + 14) - 16 + 7"`.
         available_numbers: the problem's numbers (ints, numpy ints or integral floats).
-        require_all: demand that every available number is used exactly once (TinyZero's rule).
+        require_all: every available number must be used exactly once.
 
     Returns:
         True when the numbers are allowed.
@@ -132,56 +137,106 @@ def _too_deep(text: str) -> bool:
     return False
 
 
-def _evaluate_node(node: ast.AST) -> Number:
-    """Exact value of a whitelisted node; raises ValueError / ZeroDivisionError otherwise."""
-    node_type = type(node)
-    if node_type is ast.BinOp:
-        left = _evaluate_node(node.left)
-        right = _evaluate_node(node.right)
-        op = type(node.op)
-        if op is ast.Add:
-            return left + right
-        if op is ast.Sub:
-            return left - right
-        if op is ast.Mult:
-            return left * right
-        if op is ast.Div:
-            if right == 0:
-                raise ZeroDivisionError
-            # Stay in plain ints while the division is exact: Fraction is ~10x slower than int.
-            if type(left) is int and type(right) is int and left % right == 0:
-                return left // right
-            return Fraction(left) / right
-        raise ValueError(f"operator {op.__name__} is not allowed")
-    if node_type is ast.Constant and type(node.value) is int:
-        return node.value
-    raise ValueError(f"{type(node).__name__} is not allowed")
+def _divide(left: Number, right: Number) -> Number:
+    if type(left) is int and type(right) is int and not left % right:  # ZeroDivisionError on 0, as wanted
+        return left // right  # plain ints while the division is exact: Fraction is ~10x slower than int
+    return Fraction(left) / right
+
+
+_OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
+# Compiled shapes (see `_compile_shape`); a plain dict: a lookup is ~4x cheaper than through `lru_cache`.
+_SHAPES: dict[str, tuple | None] = {}
+_MAX_SHAPES = 1 << 14
+
+
+def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
+    """Operations of an expression shape, or None when it is not one.
+
+    `shape` is an equation with every integer replaced by `0` and whitespace removed; the grammar is Python's for
+    these tokens: `expr := term (("+" | "-") term)*`, `term := atom (("*" | "/") atom)*`, `atom := 0 | "(" expr ")"`
+    (left-associative, no unary signs). Operands are registers 0..k-1 in reading order; operation i
+    `(function, left, right)` writes register k + i; the value is the last register.
+    """
+    code: list[tuple] = []
+    n_operands = shape.count("0")
+    position = operand = 0
+
+    def atom() -> int:
+        nonlocal position, operand
+        char = shape[position] if position < len(shape) else ""
+        position += 1
+        if char == "0":
+            operand += 1
+            return operand - 1
+        if char != "(":
+            raise ValueError
+        register = expression()
+        if position >= len(shape) or shape[position] != ")":
+            raise ValueError
+        position += 1
+        return register
+
+    def chain(operand_parser, symbols: str) -> int:
+        nonlocal position
+        left = operand_parser()
+        while position < len(shape) and shape[position] in symbols:
+            function = _OPERATIONS[shape[position]]
+            position += 1
+            code.append((function, left, operand_parser()))
+            left = n_operands + len(code) - 1
+        return left
+
+    def term() -> int:
+        return chain(atom, "*/")
+
+    def expression() -> int:
+        return chain(term, "+-")
+
+    if _too_deep(shape):
+        return None
+    try:
+        expression()
+    except ValueError:
+        return None
+    return tuple(code) if position == len(shape) else None
+
+
+def _evaluate_split(gaps: list[str], operands: list[Number]) -> Number | None:
+    """Value of an equation given as the text between its integers (`gaps`) and the integers' values."""
+    shape = "".join("0".join(gaps).split())
+    code = _SHAPES.get(shape, False)
+    if code is False:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        code = _SHAPES[shape] = _compile_shape(shape)
+    if code is None:
+        return None
+    registers = operands
+    append = registers.append
+    try:
+        for function, i, j in code:
+            append(function(registers[i], registers[j]))
+    except ZeroDivisionError:
+        return None
+    return registers[-1]
 
 
 def _evaluate_exact(equation: str, allow_decimals: bool = False) -> Number | None:
-    """Exact value of a whitelisted arithmetic expression, or None when it is invalid.
+    """Exact value of an arithmetic expression, or None when it is invalid.
 
     `allow_decimals` admits literals such as `0.75` (a step may reuse an earlier step's decimal result); they are
-    rewritten as exact fractions before parsing.
+    rewritten as exact fractions first.
     """
-    if not isinstance(equation, str) or len(equation) > MAX_EQUATION_CHARS:
+    if not isinstance(equation, str):
         return None
-    chars = _STEP_CHARS if allow_decimals else _EQUATION_CHARS
-    if not chars.fullmatch(equation) or _too_deep(equation):
+    if len(equation) > MAX_EQUATION_CHARS and len(" ".join(equation.split())) > MAX_EQUATION_CHARS:
         return None
     if allow_decimals and "." in equation:
         equation = _DECIMAL.sub(lambda m: f"({int(m.group(1) + m.group(2))}/{10 ** len(m.group(2))})", equation)
-    # Joined onto one line: a newline outside parentheses would end the expression for Python's parser.
-    return _parse_and_evaluate(" ".join(equation.split()))
-
-
-@lru_cache(maxsize=1 << 14)
-def _parse_and_evaluate(equation: str) -> Number | None:
-    # Cached: Python's parser is most of the cost (~10-30 us), and a GRPO group often repeats an answer.
-    try:
-        return _evaluate_node(compile(equation, "<answer>", "eval", ast.PyCF_ONLY_AST).body)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+    if "0" in equation and _LEADING_ZERO.search(equation):
         return None
+    parts = _NUMBERS_AND_GAPS.split(equation)
+    return _evaluate_split(parts[::2], list(map(int, parts[1::2])))
 
 
 def evaluate_equation(equation: str) -> float | None:
@@ -190,7 +245,7 @@ def evaluate_equation(equation: str) -> float | None:
     Evaluated exactly (rationals), then converted to float: `"6/(1-3/4)"` -> 24.0, `"(65 - 7) - 7"` -> 51.0.
     Invalid (None): other characters (`**`, names, calls, `.`, unicode digits or operators), implicit
     multiplication such as `2(3)`, unary signs, leading zeros, division by zero, more than `MAX_EQUATION_CHARS`
-    characters or `MAX_NESTING` nested parentheses.
+    characters (whitespace runs count as one) or `MAX_NESTING` nested parentheses.
 
     Args:
         equation: the expression text.
@@ -207,38 +262,42 @@ def evaluate_equation(equation: str) -> float | None:
         return None
 
 
-def _literal(token: str) -> Number:
-    return Fraction(token) if "." in token else int(token)  # Fraction("12") is ~20x slower than int("12")
+# One "Step X:" line: an optional label, the expression, `=` and the claimed result. The same decisions as
+# matching the label, `rpartition("=")` and a number after it: only the text after the last `=` can be the result.
+_STEP_LINE = re.compile(r"(?:\s*step\s*[0-9]+\s*[:.)]\s*)?(.*)=\s*([0-9]+(?:\.[0-9]+)?)\s*", re.IGNORECASE | re.DOTALL)
 
 
-def _evaluate_steps(lines: list[str], numbers: list[int], require_all: bool) -> Number | None:
+def _evaluate_steps(answer: str, numbers: list[int], require_all: bool) -> Number | None:
     """Value of a "Step X: expr = result" answer, or None when a step is wrong or uses a number it may not.
 
-    `pool` holds what the next step may use: the unused given numbers and the unused earlier results.
+    Blank lines are skipped; more than `MAX_STEPS` other lines make the answer invalid. `pool` holds what the next
+    step may use: the unused given numbers and the unused earlier results. The bookkeeping runs on the claimed
+    results first and the arithmetic is checked after: an answer is valid only when every claim is right, so the
+    order changes the cost, never the decision.
     """
-    if len(lines) > MAX_STEPS:
+    pool: list[Number] = list(numbers)
+    steps = []
+    result = None
+    for line in answer.splitlines():
+        if not line or line.isspace():
+            continue
+        step = _STEP_LINE.fullmatch(line)
+        if step is None or len(steps) == MAX_STEPS:
+            return None
+        left, claimed = step.groups()
+        try:
+            for token in _NUMBER.findall(left):
+                pool.remove(int(token) if "." not in token else Fraction(token))
+        except ValueError:  # not available (any more)
+            return None
+        result = int(claimed) if "." not in claimed else Fraction(claimed)
+        pool.append(result)
+        steps.append((left, result))
+    if result is None or (require_all and pool != [result]):
         return None
-    pool = Counter(numbers)
-    result: Number | None = None
-    for line in lines:
-        prefix = _STEP_PREFIX.match(line)
-        left, sep, right = line[prefix.end() if prefix else 0 :].rpartition("=")
-        claimed = _RESULT.fullmatch(right)
-        if not sep or claimed is None:
-            return None
+    for left, claimed_result in steps:
         value = _evaluate_exact(left, allow_decimals=True)
-        if value is None or value != _literal(claimed.group(1)):
-            return None
-        for token in _NUMBER.findall(left):
-            operand = _literal(token)
-            if pool[operand] <= 0:
-                return None
-            pool[operand] -= 1
-        result = value
-        pool[result] += 1
-    if require_all:
-        pool[result] -= 1
-        if any(pool.values()):
+        if value is None or value != claimed_result:
             return None
     return result
 
@@ -247,13 +306,21 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
     """Exact value of an answer (one equation or "Step X:" lines) that uses only allowed numbers, else None."""
     if len(answer) > MAX_EQUATION_CHARS * MAX_STEPS:
         return None
-    if "=" not in answer:
-        equation = " ".join(answer.split())
-        if not _numbers_allowed([int(t) for t in _INTEGER.findall(equation)], numbers, require_all):
+    if "=" in answer:
+        return _evaluate_steps(answer, numbers, require_all)
+    # Whitespace runs count as one character (the bound is on the equation, not its layout).
+    if len(answer) > MAX_EQUATION_CHARS and len(" ".join(answer.split())) > MAX_EQUATION_CHARS:
+        return None
+    parts = _NUMBERS_AND_GAPS.split(answer)
+    used = list(map(int, parts[1::2]))
+    if require_all:
+        if len(used) != len(numbers) or sorted(used) != sorted(numbers):
             return None
-        return _evaluate_exact(equation)
-    lines = [line for line in answer.splitlines() if line.strip()]
-    return _evaluate_steps(lines, numbers, require_all) if lines else None
+    elif not _numbers_allowed(used, numbers, False):
+        return None
+    if "0" in answer and _LEADING_ZERO.search(answer):
+        return None
+    return _evaluate_split(parts[::2], used)
 
 
 def parse_countdown_ground_truth(ground_truth: Mapping) -> tuple[list[int], int]:
@@ -276,39 +343,69 @@ def parse_countdown_ground_truth(ground_truth: Mapping) -> tuple[list[int], int]
 
 
 def countdown_numbers_and_target(numbers, target) -> tuple[list[int], int]:
-    """`(numbers, target)` as plain ints from list / numpy values; ValueError naming a non-integer field."""
-    if hasattr(numbers, "tolist"):  # numpy arrays from parquet: plain ints are faster to compare
-        numbers = numbers.tolist()
-    if not isinstance(numbers, list | tuple):
-        raise ValueError(f"countdown ground_truth field 'numbers' must be a list of integers, got {numbers!r}")
-    if not all(type(n) is int for n in numbers):
-        numbers = [_as_int(n, "numbers") for n in numbers]
-    return numbers, _as_int(target, "target")
+    """`(numbers, target)` as plain ints from list / tuple / numpy values.
+
+    Integral floats (`7.0`, as pandas gives an int column with a missing value) become ints; anything else that
+    is not an integer (bools, NaN, `2.5`, strings, None) is a ValueError naming the field and value, and so is an
+    empty list of numbers.
+    """
+    if type(numbers) is not list:
+        if hasattr(numbers, "tolist"):  # numpy arrays from parquet: plain ints are faster to compare
+            numbers = numbers.tolist()
+        if not isinstance(numbers, list | tuple):
+            raise ValueError(f"countdown ground_truth field 'numbers' must be a list of integers, got {numbers!r}")
+        numbers = list(numbers)
+    for number in numbers:
+        if type(number) is not int:
+            numbers = [_as_int(n, "numbers") for n in numbers]
+            break
+    if not numbers:
+        raise ValueError("countdown ground_truth field 'numbers' is empty")
+    return numbers, target if type(target) is int else _as_int(target, "target")
 
 
 def _as_int(value, field: str) -> int:
     if type(value) is int:
         return value
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise ValueError(f"countdown ground_truth field {field!r} must hold integers, got the bool {value!r}")
+    try:
+        return operator.index(value)  # ints and numpy integers, exactly
+    except TypeError:
+        pass
     try:
         number = int(value)
         if number != value:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"countdown ground_truth field {field!r} must hold integers, got {value!r}") from None
     return number
 
 
-def score_countdown(text: str, numbers: list[int], target: int, require_all: bool = False) -> dict[str, float]:
-    """`countdown_reward_components` for an already parsed ground truth (the batch path parses each row once)."""
-    answer = extract_answer(text)
-    if answer is None:
-        return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
-    if _answer_value(answer, numbers, require_all) == target:
-        return {"reward": CORRECT_REWARD, "format_reward": 1.0, "answer_reward": 1.0}
-    return {"reward": FORMAT_REWARD, "format_reward": 1.0, "answer_reward": 0.0}
+def score_code(text: str, numbers: list[int], target: int, require_all: bool = True) -> int:
+    """Outcome of one completion for a parsed ground truth: `NO_TAG`, `WRONG` or `CORRECT` (the batch path)."""
+    if not isinstance(text, str):
+        return NO_TAG
+    end = text.rfind(_CLOSE)
+    if end < 0:
+        return NO_TAG
+    start = text.rfind(_OPEN, 0, end)
+    if start < 0:
+        return NO_TAG
+    answer = text[start + len(_OPEN) : end].strip()
+    return CORRECT if _answer_value(answer, numbers, require_all) == target else WRONG
 
 
-def countdown_reward_components(text: str, ground_truth: Mapping, require_all: bool = False) -> dict[str, float]:
+def _components(code: int) -> dict[str, float]:
+    return {"reward": REWARDS[code], "format_reward": float(code > NO_TAG), "answer_reward": float(code == CORRECT)}
+
+
+def score_countdown(text: str, numbers: list[int], target: int, require_all: bool = True) -> dict[str, float]:
+    """`countdown_reward_components` for an already parsed ground truth."""
+    return _components(score_code(text, numbers, target, require_all))
+
+
+def countdown_reward_components(text: str, ground_truth: Mapping, require_all: bool = True) -> dict[str, float]:
     """Reward and its two parts for one completion.
 
     `format_reward` = 1 when an `<answer>...</answer>` tag is present; `answer_reward` = 1 when its content is a
@@ -318,7 +415,7 @@ def countdown_reward_components(text: str, ground_truth: Mapping, require_all: b
     Args:
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
-        require_all: every given number must be used exactly once (TinyZero) instead of at most once (seed 000).
+        require_all: every given number must be used exactly once (default); False: at most once (seed 000).
 
     Returns:
         `{"reward", "format_reward", "answer_reward"}` floats.
@@ -327,12 +424,13 @@ def countdown_reward_components(text: str, ground_truth: Mapping, require_all: b
     return score_countdown(text, numbers, target, require_all)
 
 
-def countdown_reward_fn(text: str, ground_truth: Mapping, require_all: bool = False) -> float:
+def countdown_reward_fn(text: str, ground_truth: Mapping, require_all: bool = True) -> float:
     """1.0 for a correct answer, 0.1 for an answer tag with a wrong or invalid answer, 0.0 without a tag.
 
     Args:
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
-        require_all: every given number must be used exactly once (TinyZero) instead of at most once (seed 000).
+        require_all: every given number must be used exactly once (default); False: at most once (seed 000).
     """
-    return countdown_reward_components(text, ground_truth, require_all)["reward"]
+    numbers, target = parse_countdown_ground_truth(ground_truth)
+    return REWARDS[score_code(text, numbers, target, require_all)]

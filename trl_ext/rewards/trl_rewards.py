@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from trl_ext.rewards.countdown import countdown_numbers_and_target, parse_countdown_ground_truth, score_countdown
+from trl_ext.rewards.countdown import (
+    CORRECT,
+    NO_TAG,
+    REWARDS,
+    countdown_numbers_and_target,
+    parse_countdown_ground_truth,
+    score_code,
+)
 from trl_ext.rewards.math import GRADE_TIMEOUT_S, extract_gsm8k_answer, question_only_reward_fn, r1_zero_reward_fn
 
 __all__ = ["CountdownReward", "MathReward", "completion_text"]
@@ -71,15 +78,18 @@ class CountdownReward:
     `{"numbers" | "nums", "target"}` dicts (or TinyZero's `reward_model` column holding one under `ground_truth`).
 
     Args:
-        require_all: every given number must be used exactly once (TinyZero) instead of at most once (seed 000).
+        require_all: every given number must be used exactly once (default: the rule the prompts state);
+            False: each at most once (seed 000's `validate_numbers`), named `countdown_reward_at_most_once`.
     """
 
     __name__ = "countdown_reward"
 
-    def __init__(self, require_all: bool = False) -> None:
+    def __init__(self, require_all: bool = True) -> None:
+        if not isinstance(require_all, bool):
+            raise ValueError(f"require_all must be True or False, got {require_all!r}")
         self.require_all = require_all
-        if require_all:
-            self.__name__ = "countdown_reward_all_numbers"
+        if not require_all:
+            self.__name__ = "countdown_reward_at_most_once"
 
     def ground_truths(self, n: int, columns: Mapping) -> list[tuple[list[int], int]]:
         """`(numbers, target)` per completion from the batch's columns; ValueError naming a missing column."""
@@ -94,12 +104,15 @@ class CountdownReward:
 
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         truths = self.ground_truths(len(completions), columns)  # bad data fails before any scoring
-        components = [
-            score_countdown(completion_text(c), numbers, target, self.require_all)
+        require_all = self.require_all
+        codes = [
+            score_code(c if type(c) is str else completion_text(c), numbers, target, require_all)
             for c, (numbers, target) in zip(completions, truths, strict=True)
         ]
-        _report(self.__name__, components, log_metric, log_extra)
-        return [c["reward"] for c in components]
+        if log_metric is not None or log_extra is not None:
+            components = [{"format_reward": float(c > NO_TAG), "answer_reward": float(c == CORRECT)} for c in codes]
+            _report(self.__name__, components, log_metric, log_extra)
+        return [REWARDS[c] for c in codes]
 
     def __repr__(self) -> str:
         return f"CountdownReward(require_all={self.require_all})"
