@@ -10,8 +10,9 @@ the same run: the tag search alone (`re.search` for `<answer>...</answer>`, what
 parser alone on the extracted answers. Goal: >= 50,000 completions/s.
 
 MATH: `grade` latency per pair over MATH500 pairs (each answer against itself, its `\\dfrac` / spaced / boxed /
-decimal rewrites, and the next problem's answer), with a fresh math-verify worker and empty caches; worker
-start-up is timed apart. Writes benchmarks/results/rewards.json.
+decimal rewrites, and the next problem's answer), one at a time on a fresh grading pool with empty caches; the
+pool's start-up (template process and first worker) is timed apart. See bench_grading_stall.py for batches.
+Writes benchmarks/results/rewards.json.
 
     python benchmarks/bench_rewards.py             # about 30 s
     python benchmarks/bench_rewards.py --repeats 5
@@ -150,22 +151,23 @@ def _math_pairs() -> list[tuple[str, str, bool]]:
 
 def bench_math() -> dict:
     from trl_ext.rewards import math as rmath
+    from trl_ext.rewards.grading_pool import configure_grading_pool
 
     pairs = _math_pairs()
-    rmath._WORKER.close()
-    rmath._symbolic_equal.cache_clear()
+    pool = configure_grading_pool()
+    rmath._VERDICTS.clear()
+    rmath._TIMED_OUT.clear()
     start = time.perf_counter()
-    rmath.grade("\\sqrt{2}", "1")  # starts the worker
+    pool.verify("1", "1", 120.0)  # starts the template process and one worker
     startup_s = time.perf_counter() - start
-    rmath._symbolic_equal.cache_clear()
     latencies, symbolic, errors = [], [], 0
     for gold, prediction, expected in pairs:
-        misses = rmath._symbolic_equal.cache_info().misses
+        comparisons = pool.stats["comparisons"] + pool.stats["timeouts"]
         start = time.perf_counter()
         result = rmath.grade(prediction, gold)
         seconds = time.perf_counter() - start
         latencies.append(seconds)
-        if rmath._symbolic_equal.cache_info().misses > misses:
+        if pool.stats["comparisons"] + pool.stats["timeouts"] > comparisons:
             symbolic.append(seconds)
         errors += result != expected
     latencies.sort()
@@ -181,7 +183,7 @@ def bench_math() -> dict:
         "symbolic_stage_calls": len(symbolic),
         "symbolic_median_ms": ms(statistics.median(symbolic)) if symbolic else None,
         "symbolic_max_ms": ms(max(symbolic)) if symbolic else None,
-        "worker_restarts": rmath._WORKER.restarts,
+        "timeouts": pool.stats["timeouts"],
     }
 
 
@@ -209,7 +211,8 @@ def main() -> None:
     print(
         f"grade on {math['pairs']} MATH500 pairs: median {math['median_ms']} ms, p99 {math['p99_ms']} ms, "
         f"max {math['max_ms']} ms; {math['symbolic_stage_calls']} reached math-verify "
-        f"(median {math['symbolic_median_ms']} ms); worker start {math['worker_startup_s']} s; "
+        f"(median {math['symbolic_median_ms']} ms, {math['timeouts']} timeouts); "
+        f"pool start {math['worker_startup_s']} s; "
         f"{math['disagreements_with_expected']} disagreements with the expected labels"
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
+import warnings
+from decimal import Decimal
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
-from trl_ext.rewards import math as rmath
+from trl_ext.rewards import r1_zero_reward
+from trl_ext.rewards.grading_pool import get_grading_pool
+from trl_ext.rewards.ground_truth import ground_truth_answers
 from trl_ext.rewards.math import (
     MAX_ANSWER_CHARS,
     extract_boxed,
@@ -115,7 +116,6 @@ def test_normalize_answer(answer, expected):
         ("\\text{(C)}", "C", True),
         (None, "3", False),
         ("", "3", False),
-        ("3", "", False),
         ("3" * (MAX_ANSWER_CHARS + 1), "3" * (MAX_ANSWER_CHARS + 1), False),  # over the length bound
     ],
 )
@@ -123,26 +123,14 @@ def test_grade(model_answer, gt_answer, expected):
     assert grade(model_answer, gt_answer) is expected
 
 
-def test_grade_time_limit_holds_in_a_thread():
-    """`9^{9^{9^9}}` never finishes in sympy; the worker is killed at the limit, even off the main thread."""
-    rmath._symbolic_equal.cache_clear()
-    grade("1", "2")  # start the worker outside the timed part
-    restarts = rmath._WORKER.restarts
-    results = {}
-
-    def run():
+def test_explosive_answers_are_wrong_without_symbolic_work():
+    """`9^{9^{9^9}}` never returns in sympy: the pre-checks call it wrong at once (no worker time, no timeout)."""
+    timeouts = get_grading_pool().stats["timeouts"]
+    for bomb in ("9^{9^{9^9}}", "100000000!", "\\frac{1}{" * 90 + "2" + "}" * 90):
         start = time.perf_counter()
-        results["value"] = grade("9^{9^{9^9}}", "1", timeout=1.0)
-        results["seconds"] = time.perf_counter() - start
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert results["value"] is False
-    assert 1.0 <= results["seconds"] < 5.0
-    assert rmath._WORKER.restarts == restarts + 1
-    assert grade("3\\sqrt{13}", "\\sqrt{117}") is True  # a fresh worker answers the next call
+        assert grade(bomb, "1") is False
+        assert time.perf_counter() - start < 0.5
+    assert get_grading_pool().stats["timeouts"] == timeouts
 
 
 @pytest.mark.parametrize(
@@ -191,34 +179,97 @@ def test_bad_ground_truth_type_raises():
         r1_zero_reward_fn("</think> <answer> 1 </answer>", {"answer": 1})
 
 
-def test_worker_exits_when_its_parent_is_killed():
-    """A parent killed with SIGKILL cannot clean up; the worker, busy on `9^{9^{9^9}}`, still exits."""
-    script = (
-        "from trl_ext.rewards import math as rmath\n"
-        "rmath.grade('3\\\\sqrt{13}', '\\\\sqrt{117}')\n"
-        "print(rmath._WORKER._proc.pid, flush=True)\n"
-        "rmath.grade('9^{9^{9^9}}', '1', timeout=60)\n"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        worker_pid = int(parent.stdout.readline())
-        time.sleep(1.0)  # the power tower is in the worker now
-    finally:
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker_pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.kill(worker_pid, signal.SIGKILL)
-    raise AssertionError("the worker outlived its killed parent by 10 s")
+@pytest.mark.parametrize(
+    "model_answer, gt_answer, expected",
+    [
+        ("2516_9", "2516_8", False),  # math-verify dropped the subscripts and said equal
+        ("2516_{8}", "2516_8", True),
+        ("2516_8", "2516_{8}", True),
+        ("2516_{9}", "2516_{8}", False),
+        ("1358", "2516_8", False),  # the decimal value is not the base-8 numeral (math-verify agreed)
+        ("2516", "2516_8", True),  # the digits without the base, as math-verify had it
+        ("10_2", "2_{10}", True),  # the same integer
+        ("152a_{11}", "152A_{11}", True),  # digits above 9 in either case
+        ("-221_3", "-221_{3}", True),
+        ("221_3", "-221_3", False),
+        ("0.0011_{2}", "0.0011_2", True),  # not an integer: digits and base compared
+        ("0.0011_{3}", "0.0011_2", False),
+        ("x_1", "x_{1}", True),
+        ("x_2", "x_1", False),
+    ],
+)
+def test_base_subscripts(model_answer, gt_answer, expected):
+    assert grade(model_answer, gt_answer) is expected
 
 
-def test_a_worker_killed_from_outside_is_replaced_without_a_wrong_grade():
-    assert grade("2\\sqrt{2}", "\\sqrt{8}") is True  # the worker is up
-    # Not reaped here: the next call finds it dead either before sending (poll) or while reading (EOF, retried).
-    os.kill(rmath._WORKER._proc.pid, signal.SIGKILL)
-    assert grade("3\\sqrt{3}", "\\sqrt{27}") is True  # not a false "wrong": answered by a fresh worker
+@pytest.mark.parametrize(
+    "ground_truth, message",
+    [
+        (None, "is None"),
+        (float("nan"), "is nan"),
+        (np.float64("nan"), "is np.float64\\(nan\\)|is nan"),
+        (np.float32("nan"), "nan"),
+        (float("inf"), "is inf"),
+        ("", "empty string ''"),
+        ("   ", "empty string '   '"),
+        ([], "empty list"),
+        ([None], r"\[0\] is None"),
+        (["3", float("nan")], r"\[1\] is nan"),
+        ([["3"]], r"\[0\] must be a str"),
+        (True, "the bool True"),
+        (np.bool_(True), "a bool"),
+        (3 + 4j, "complex 3\\+4j|got complex"),
+        (np.complex128(1), "a complex number"),
+        (np.datetime64("2020-01-01"), "a date"),
+        ({"answer": 1}, "got dict"),
+    ],
+)
+def test_ground_truths_that_cannot_be_answers_raise_naming_the_value(ground_truth, message):
+    """The bugs: `[None]` echoed as "None" and NaN echoed as "nan" scored 1.0; `np.int64(3)` raised."""
+    with pytest.raises(ValueError, match=message):
+        r1_zero_reward_fn("r </think> <answer> None </answer>", ground_truth)
+    with pytest.raises(ValueError, match=message):
+        grade("nan", ground_truth)
+
+
+@pytest.mark.parametrize(
+    "ground_truth, answers",
+    [
+        (np.int8(3), ["3"]),
+        (np.int16(-3), ["-3"]),
+        (np.int32(3), ["3"]),
+        (np.int64(3), ["3"]),  # raised before
+        (np.uint8(200), ["200"]),
+        (np.uint64(2**63), [str(2**63)]),
+        (np.float16(0.5), ["0.5"]),
+        (np.float32(0.1), ["0.1"]),  # its own precision, not 0.10000000149011612
+        (np.float64(18.0), ["18"]),
+        (18.0, ["18"]),
+        (1e-07, ["0.0000001"]),
+        (Decimal("2.50"), ["2.50"]),
+        (Fraction(3, 4), ["3/4"]),
+        (np.str_("\\frac{1}{2}"), ["\\frac{1}{2}"]),
+        (np.array(["1", "2"]), ["1", "2"]),
+        (np.array([1, 2]), ["1", "2"]),
+        ((4, "x=4"), ["4", "x=4"]),
+    ],
+)
+def test_ground_truth_conversions(ground_truth, answers):
+    assert ground_truth_answers(ground_truth) == answers
+    assert r1_zero_reward_fn(f"r </think> <answer> {answers[-1]} </answer>", ground_truth)["reward"] == 1.0
+
+
+@pytest.mark.parametrize("marker", ["None", "nan", "NaN", "null", "<NA>"])
+def test_a_missing_value_written_as_text_matches_nothing(marker):
+    """hiyouga/math12k has answer "None" twice: echoing it must not score, and training must not stop."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert r1_zero_reward_fn(f"r </think> <answer> {marker} </answer>", marker)["reward"] == 0.0
+        assert r1_zero_reward_fn("r </think> <answer> 3 </answer>", [marker, "3"])["reward"] == 1.0
+
+
+def test_trl_reward_names_the_bad_row_before_scoring():
+    with pytest.raises(ValueError, match=r"r1_zero_reward: ground_truth\[1\] is nan"):
+        r1_zero_reward(["r </think> <answer> 1 </answer>"] * 2, ground_truth=["1", float("nan")])
+    with pytest.raises(ValueError, match=r"r1_zero_reward: ground_truth\[0\]\[0\] is None"):
+        r1_zero_reward(["r </think> <answer> None </answer>"], ground_truth=[[None]])

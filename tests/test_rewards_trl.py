@@ -104,7 +104,12 @@ def test_log_metric_and_log_extra_receive_component_means():
     )
     components = [r1_zero_reward_fn(c, "1") for c in completions]
     assert rewards == [1.0, 0.0, 0.0, 0.0]
-    assert metrics == {"rewards/r1_zero_reward/format_reward": [0.5], "rewards/r1_zero_reward/answer_reward": [0.25]}
+    assert metrics == {
+        "rewards/r1_zero_reward/format_reward": [0.5],
+        "rewards/r1_zero_reward/answer_reward": [0.25],
+        "rewards/r1_zero_reward/grading_timeouts": [0],
+        "rewards/r1_zero_reward/grading_rejected": [0],
+    }
     assert extra["r1_zero_reward/format_reward"] == [c["format_reward"] for c in components] == [1.0, 1.0, 0.0, 0.0]
 
 

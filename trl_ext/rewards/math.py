@@ -1,17 +1,22 @@
 r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds 001-003, CS336 A5's grader).
 
-`grade(model_answer, gt_answer)` decides in three stages, cheapest first:
+`grade(model_answer, gt_answer)` decides in stages, cheapest first:
 
 1. string normalisation of the usual MATH answer forms (spaces, `\left` / `\right`, `\dfrac` / `\tfrac`,
    `\text{...}` and trailing units, dollars, percent and degree signs, `x = 3` -> `3`, `\frac12` -> `\frac{1}{2}`,
    `a/b` -> `\frac{a}{b}`, thousands separators, a trailing period); equal strings are equal answers;
 2. exact rational comparison when both sides are plain numbers (integers, decimals, simple fractions), so
    `0.5` == `\frac12` and `1,000` == `1000.` without symbolic work, and unequal numbers are final;
-3. otherwise symbolic equivalence through math-verify, run in a persistent child process that is killed and
-   restarted when one comparison exceeds its wall-clock limit. This works from any thread (math-verify's own
-   timeout uses `signal` and fails outside the main thread) and bounds pathological inputs like `9^{9^{9^9}}`.
-   Results are cached per (gold, prediction). Answers longer than `MAX_ANSWER_CHARS` and predictions with
-   unbalanced braces are wrong without reaching this stage.
+3. answers written with a base subscript are compared with it (`2516_8` != `2516_9`, `2516_8` == `2516_{8}`;
+   math-verify drops subscripts);
+4. otherwise symbolic equivalence through math-verify, in a pool of worker processes
+   (`trl_ext.rewards.grading_pool`) with a wall-clock cap per comparison (`timeout`, default `GRADE_TIMEOUT_S`
+   = 1 s): past it the worker is killed and replaced and the answer scores 0, without holding up other answers.
+   This works from any thread (math-verify's own timeout uses `signal` and fails outside the main thread).
+   Before this stage, answers longer than `MAX_ANSWER_CHARS`, predictions with unbalanced braces and answers
+   the cheap pre-checks of `trl_ext.rewards.math_prechecks` call explosive (`9^{9^{9^9}}`, `100000000!`,
+   deeply nested brackets) are wrong without symbolic work. Verdicts are cached per (gold, prediction); a
+   timeout is not a verdict: it is remembered for `TIMEOUT_MEMORY_S` (60 s) and then graded again.
 
 Rewards (floats in a dict, as in CS336's `drgrpo_grader`):
 
@@ -19,36 +24,37 @@ Rewards (floats in a dict, as in CS336's `drgrpo_grader`):
   text after the last `<answer>` up to its `</answer>` (a `\boxed{}` inside is unwrapped); reward = answer.
 - `question_only_reward_fn`: format = the response has a `\boxed{}`; its last one is the answer.
 
-Ground truth may be a str, an int, a float or a list of acceptable answers.
+Ground truth: a str, a number or a list of acceptable answers, checked by `ground_truth_answers`: None, NaN,
+empty strings or lists and other non-answers raise a ValueError naming the value, so echoing a missing answer
+never earns a reward.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import re
-import select
-import subprocess
-import sys
-import threading
 import time
 from fractions import Fraction
-from functools import lru_cache
-from pathlib import Path
+
+from trl_ext.rewards.grading_pool import get_grading_pool
+from trl_ext.rewards.ground_truth import NEVER_MATCHES, ground_truth_answers
+from trl_ext.rewards.math_prechecks import explosive
 
 __all__ = [
     "GRADE_TIMEOUT_S",
     "MAX_ANSWER_CHARS",
+    "TIMEOUT_MEMORY_S",
     "extract_boxed",
     "extract_gsm8k_answer",
     "grade",
+    "grade_many",
     "normalize_answer",
+    "question_only_answer",
     "question_only_reward_fn",
+    "r1_zero_answer",
     "r1_zero_reward_fn",
 ]
 
-GRADE_TIMEOUT_S = 5.0
+GRADE_TIMEOUT_S = 1.0
 # Longer extracted answers are wrong: no MATH / GSM8K answer is near this long, and the bound keeps megabyte
 # completions away from the normaliser's regexes and the symbolic parser.
 MAX_ANSWER_CHARS = 1000
@@ -168,125 +174,57 @@ def _as_number(normalized: str) -> Fraction | None:
     return None
 
 
-class _MathVerifyWorker:
-    """A persistent `_grader_worker.py` child; killed and restarted when a comparison runs past its limit.
+_BASE_FORM = re.compile(r"(-?)([0-9A-Za-z.]+)_\{?([0-9]+)\}?")
+_SIGNED_WORD = re.compile(r"-?[0-9A-Za-z.]+")
 
-    One per process (re-created after a fork); a lock serialises callers from different threads.
+
+def _base_value(digits: str, base: str) -> int | None:
+    try:
+        return int(digits, int(base)) if 2 <= int(base) <= 36 else None
+    except ValueError:
+        return None
+
+
+def _base_verdict(pred: str, gold: str) -> bool | None:
+    """Verdict for answers written with a base subscript (`2516_8`, `2516_{8}`); None when neither is one.
+
+    math-verify drops subscripts, so it took `2516_9` for `2516_8`. Two subscripted answers are equal when they
+    denote the same integer (or, when a digit string is not valid in its base, when digits and base match); a
+    subscripted answer and a plain word (`2516`) are equal when the digits match, as math-verify had it.
     """
-
-    # `-P`: the script's folder must not lead sys.path, or this package's `math.py` would shadow the stdlib `math`.
-    _SCRIPT = str(Path(__file__).with_name("_grader_worker.py"))
-    _START_TIMEOUT_S = 120.0  # importing sympy on a busy machine; not counted against a comparison's limit
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._pid = os.getpid()
-        self._buffer = b""
-        self.restarts = 0
-
-    def _start(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-P", "-u", self._SCRIPT, str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        self._buffer = b""
-        try:
-            ready = self._read_line(self._START_TIMEOUT_S) == b"ready"
-        except EOFError:
-            ready = False
-        if not ready:
-            self._kill()
-            raise RuntimeError("the math-verify worker did not start (is math-verify installed?)")
-
-    def _read_line(self, timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
-        fd = self._proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise EOFError("the math-verify worker died")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.strip()
-
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout):
-                stream.close()
-            self._proc = None
-
-    def verify(self, gold: str, prediction: str, timeout: float) -> bool:
-        """math-verify's `verify(parse(gold), parse(prediction))`; False when it errs or exceeds `timeout` s."""
-        request = (json.dumps([gold, prediction]) + "\n").encode()
-        with self._lock:
-            if self._pid != os.getpid():  # forked: the pipes belong to the parent's worker
-                self._proc, self._pid = None, os.getpid()
-            # A worker that died under us (killed from outside, or with the thread that started it) gets one retry.
-            for _ in range(2):
-                if self._proc is None or self._proc.poll() is not None:
-                    self._start()
-                try:
-                    self._proc.stdin.write(request)
-                    self._proc.stdin.flush()
-                    line = self._read_line(timeout)
-                except (OSError, EOFError):  # it died before reading (BrokenPipeError) or before answering
-                    self._kill()
-                    self.restarts += 1
-                    continue
-                if line is None:  # over the time limit: the answer is wrong
-                    self._kill()
-                    self.restarts += 1
-                return line == b"1"
-            return False
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                self._kill()
+    p, g = _BASE_FORM.fullmatch(pred), _BASE_FORM.fullmatch(gold)
+    if p and g:
+        p_value, g_value = _base_value(p.group(2), p.group(3)), _base_value(g.group(2), g.group(3))
+        if p_value is not None and g_value is not None:
+            return (-p_value if p.group(1) else p_value) == (-g_value if g.group(1) else g_value)
+        return p.group(1) == g.group(1) and p.group(2).lower() == g.group(2).lower() and p.group(3) == g.group(3)
+    form, other = (p, gold) if p else (g, pred)
+    if form is None or not any(c.isdigit() for c in form.group(2)) or not _SIGNED_WORD.fullmatch(other):
+        return None
+    return (form.group(1) + form.group(2)).lower() == other.lower()
 
 
-_WORKER = _MathVerifyWorker()
-atexit.register(_WORKER.close)
-
-
-def grade(
-    model_answer: str | int | float | None, gt_answer: str | int | float, timeout: float = GRADE_TIMEOUT_S
-) -> bool:
-    r"""Whether `model_answer` equals `gt_answer` (see the module docstring for the three stages).
-
-    Args:
-        model_answer: the extracted answer (no surrounding reasoning); None is wrong.
-        gt_answer: the reference answer.
-        timeout: wall-clock limit in seconds for the symbolic stage; past it the answer counts as wrong.
-
-    Returns:
-        True when the answers are equal.
-    """
-    if model_answer is None or gt_answer is None:
+def _cheap_verdict(model_answer, gold: str) -> bool | None:
+    """Stages 1-2 (and base subscripts, malformed LaTeX, length bounds); None when symbolic work must decide."""
+    if model_answer is None or gold == NEVER_MATCHES:
         return False
-    pred_text, gold_text = str(model_answer).strip(), str(gt_answer).strip()
-    if len(pred_text) > MAX_ANSWER_CHARS or len(gold_text) > MAX_ANSWER_CHARS:
+    pred_text = str(model_answer).strip()
+    if len(pred_text) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
         return False
-    pred, gold = normalize_answer(model_answer), normalize_answer(gt_answer)
-    if not pred or not gold:
+    pred, gold_normalized = normalize_answer(pred_text), normalize_answer(gold)
+    if not pred or not gold_normalized:
         return False
-    if pred == gold:
+    if pred == gold_normalized:
         return True
-    pred_value, gold_value = _as_number(pred), _as_number(gold)
+    pred_value, gold_value = _as_number(pred), _as_number(gold_normalized)
     if pred_value is not None and gold_value is not None:
         return pred_value == gold_value
+    base = _base_verdict(pred, gold_normalized)
+    if base is not None:
+        return base
     if not _braces_balanced(pred_text):  # malformed LaTeX: nothing for the symbolic stage to parse
         return False
-    return _symbolic_equal(gold_text, pred_text, timeout)
+    return None
 
 
 def _braces_balanced(text: str) -> bool:
@@ -298,26 +236,120 @@ def _braces_balanced(text: str) -> bool:
     return depth == 0
 
 
-@lru_cache(maxsize=1 << 16)
-def _symbolic_equal(gold: str, prediction: str, timeout: float) -> bool:
-    # Cached: a GRPO group repeats the same extracted answers, and an answer that timed out once would again.
-    return _WORKER.verify(gold, prediction, timeout)
+# Verdicts of the symbolic stage (a GRPO group repeats the same extracted answers). A timeout is not a verdict (the
+# machine or the answer was slow, the answer may be right): it is remembered for `TIMEOUT_MEMORY_S` only, so the
+# same answer in the next groups of a step does not cost another cap, and is graded again after that.
+_VERDICTS: dict[tuple[str, str], bool] = {}
+_TIMED_OUT: dict[tuple[str, str], float] = {}
+_MAX_VERDICTS = 1 << 16
+TIMEOUT_MEMORY_S = 60.0
 
 
-def _ground_truths(ground_truth) -> list[str]:
-    if isinstance(ground_truth, str | int | float):
-        return [str(ground_truth)]
-    if isinstance(ground_truth, list | tuple):
-        return [str(answer) for answer in ground_truth]
-    raise ValueError(f"ground_truth must be a str, int, float or list of them, got {type(ground_truth).__name__}")
+def _remember(key: tuple[str, str], verdict: bool | None) -> None:
+    table = _VERDICTS if verdict is not None else _TIMED_OUT
+    if len(table) >= _MAX_VERDICTS:
+        table.clear()
+    if verdict is None:
+        _TIMED_OUT[key] = time.monotonic() + TIMEOUT_MEMORY_S
+    else:
+        _VERDICTS[key] = verdict
+        _TIMED_OUT.pop(key, None)
 
 
-def _graded(model_answer: str | None, ground_truth, timeout: float) -> dict[str, float]:
-    answer_ok = any(grade(model_answer, gt, timeout) for gt in _ground_truths(ground_truth))
-    return {"format_reward": 1.0, "answer_reward": float(answer_ok), "reward": float(answer_ok)}
+def grade_many(
+    model_answers: list, golds: list[list[str]], timeout: float = GRADE_TIMEOUT_S
+) -> tuple[list[bool], dict[str, int]]:
+    """`grade` for a batch, its symbolic comparisons run concurrently on the grading pool.
+
+    Args:
+        model_answers: extracted answers (None is wrong), one per item.
+        golds: acceptable answers per item, as `ground_truth_answers` returns them.
+        timeout: per-comparison time cap of the symbolic stage, in seconds.
+
+    Returns:
+        Whether each item's answer equals one of its golds, and counts: `timeouts` (items that scored 0 because a
+        comparison hit the cap) and `rejected` (items whose answer the cheap pre-checks called explosive).
+    """
+    verdicts: list[list[bool | tuple[str, str]]] = []
+    pending: dict[tuple[str, str], bool | None] = {}
+    rejected = [False] * len(model_answers)
+    for i, (answer, item_golds) in enumerate(zip(model_answers, golds, strict=True)):
+        row = []
+        for gold in item_golds:
+            verdict = _cheap_verdict(answer, gold)
+            if verdict is None:
+                key = (gold, str(answer).strip())
+                cached = _VERDICTS.get(key)
+                if cached is not None:
+                    verdict = cached
+                elif _TIMED_OUT.get(key, 0.0) > time.monotonic():
+                    pending[key] = None  # still counts as a timeout, without another cap
+                    verdict = key
+                elif explosive(key[1]) or explosive(key[0]):
+                    verdict, rejected[i] = False, True
+                else:
+                    pending[key] = None
+                    verdict = key
+            row.append(verdict)
+        verdicts.append(row)
+    keys = [key for key in pending if key not in _TIMED_OUT or _TIMED_OUT[key] <= time.monotonic()]
+    if keys:
+        for key, verdict in zip(keys, get_grading_pool().verify_many(keys, timeout), strict=True):
+            pending[key] = verdict
+            _remember(key, verdict)
+    results, timeouts = [], 0
+    for row in verdicts:
+        values = [pending[v] if isinstance(v, tuple) else v for v in row]
+        ok = any(value is True for value in values)
+        timeouts += not ok and None in values
+        results.append(ok)
+    return results, {"timeouts": timeouts, "rejected": sum(rejected)}
+
+
+def grade(model_answer: str | int | float | None, gt_answer, timeout: float = GRADE_TIMEOUT_S) -> bool:
+    r"""Whether `model_answer` equals `gt_answer` (see the module docstring for the stages).
+
+    Args:
+        model_answer: the extracted answer (no surrounding reasoning); None is wrong.
+        gt_answer: the reference answer (checked as in `ground_truth_answers`; a list means any of them).
+        timeout: wall-clock cap in seconds for the symbolic stage; past it the answer counts as wrong.
+
+    Returns:
+        True when the answers are equal.
+
+    Raises:
+        ValueError: when `gt_answer` cannot be an answer (None, NaN, empty, ...), naming it.
+    """
+    golds = ground_truth_answers(gt_answer, "gt_answer")
+    return grade_many([model_answer], [golds], timeout)[0][0]
 
 
 _NO_FORMAT = {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
+
+
+def r1_zero_answer(response: str) -> tuple[bool, str | None]:
+    r"""`(format_ok, answer)` of an R1-Zero response: the format needs `</think> <answer>` and `</answer>`; the
+    answer is the text of the last `<answer>` up to its `</answer>`, a `oxed{}` inside unwrapped (None when that
+    box is unbalanced or the format is missing)."""
+    if not isinstance(response, str) or "</think> <answer>" not in response or "</answer>" not in response:
+        return False, None
+    answer = response[response.rfind("<answer>") + len("<answer>") :]
+    answer = answer.split("</answer>", 1)[0]
+    if "\\boxed" in answer or "\\fbox" in answer:
+        return True, extract_boxed(answer)
+    return True, answer
+
+
+def question_only_answer(response: str) -> tuple[bool, str | None]:
+    r"""`(format_ok, answer)` for the question-only prompt: the last `\boxed{}`, and whether there is one."""
+    answer = extract_boxed(response)
+    return answer is not None, answer
+
+
+def _reward(format_ok: bool, answer_ok: bool) -> dict[str, float]:
+    if not format_ok:
+        return dict(_NO_FORMAT)
+    return {"format_reward": 1.0, "answer_reward": float(answer_ok), "reward": float(answer_ok)}
 
 
 def r1_zero_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOUT_S) -> dict[str, float]:
@@ -327,22 +359,15 @@ def r1_zero_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOU
 
     Args:
         response: the completion, which continues the prompt's `Assistant: <think>`.
-        ground_truth: reference answer: str, int, float or a list of acceptable answers.
-        timeout: per-comparison limit of the symbolic stage, in seconds.
+        ground_truth: reference answer: str, number or a list of acceptable answers (`ground_truth_answers`).
+        timeout: per-comparison time cap of the symbolic stage, in seconds.
 
     Returns:
         `{"format_reward", "answer_reward", "reward"}` floats.
     """
-    _ground_truths(ground_truth)
-    if not isinstance(response, str) or "</think> <answer>" not in response or "</answer>" not in response:
-        return dict(_NO_FORMAT)
-    answer = response[response.rfind("<answer>") + len("<answer>") :]
-    answer = answer.split("</answer>", 1)[0]
-    if "\\boxed" in answer or "\\fbox" in answer:
-        answer = extract_boxed(answer)
-        if answer is None:
-            return {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}
-    return _graded(answer, ground_truth, timeout)
+    golds = ground_truth_answers(ground_truth)
+    format_ok, answer = r1_zero_answer(response)
+    return _reward(format_ok, format_ok and grade_many([answer], [golds], timeout)[0][0])
 
 
 def question_only_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOUT_S) -> dict[str, float]:
@@ -350,14 +375,12 @@ def question_only_reward_fn(response: str, ground_truth, timeout: float = GRADE_
 
     Args:
         response: the completion.
-        ground_truth: reference answer: str, int, float or a list of acceptable answers.
-        timeout: per-comparison limit of the symbolic stage, in seconds.
+        ground_truth: reference answer: str, number or a list of acceptable answers (`ground_truth_answers`).
+        timeout: per-comparison time cap of the symbolic stage, in seconds.
 
     Returns:
         `{"format_reward", "answer_reward", "reward"}` floats.
     """
-    _ground_truths(ground_truth)
-    answer = extract_boxed(response)
-    if answer is None:
-        return dict(_NO_FORMAT)
-    return _graded(answer, ground_truth, timeout)
+    golds = ground_truth_answers(ground_truth)
+    format_ok, answer = question_only_answer(response)
+    return _reward(format_ok, format_ok and grade_many([answer], [golds], timeout)[0][0])

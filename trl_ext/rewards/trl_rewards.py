@@ -21,7 +21,14 @@ from trl_ext.rewards.countdown import (
     parse_countdown_ground_truth,
     score_code,
 )
-from trl_ext.rewards.math import GRADE_TIMEOUT_S, extract_gsm8k_answer, question_only_reward_fn, r1_zero_reward_fn
+from trl_ext.rewards.ground_truth import ground_truth_answers
+from trl_ext.rewards.math import (
+    GRADE_TIMEOUT_S,
+    extract_gsm8k_answer,
+    grade_many,
+    question_only_answer,
+    r1_zero_answer,
+)
 
 __all__ = ["CountdownReward", "MathReward", "completion_text"]
 
@@ -121,19 +128,25 @@ class CountdownReward:
 class MathReward:
     """A MATH / GSM8K reward for TRL: `r1_zero` (answer in `<answer>` tags) or `question_only` (`\\boxed{}`).
 
-    Reads the dataset column `ground_truth` (or `answer`): a str / number or a list of acceptable answers. A GSM8K
-    solution with a `#### N` line (the raw `answer` column of `openai/gsm8k`) is reduced to `N`.
+    Reads the dataset column `ground_truth` (or `answer`): a str / number or a list of acceptable answers, checked
+    by `trl_ext.rewards.ground_truth.ground_truth_answers` (None, NaN, empty: a ValueError naming the row before
+    any scoring). A GSM8K solution with a `#### N` line (the raw `answer` column of `openai/gsm8k`) is reduced to
+    `N`. The batch's symbolic comparisons run concurrently on the grading pool; with TRL's `log_metric` each call
+    also logs `rewards/<name>/grading_timeouts` (completions scored 0 because their comparison hit the time cap)
+    and `rewards/<name>/grading_rejected` (answers the pre-checks called explosive).
 
     Args:
         style: `"r1_zero"` or `"question_only"`.
-        timeout: per-comparison limit in seconds of the symbolic stage of `grade`.
+        timeout: per-comparison time cap in seconds of the symbolic stage of `grade`.
     """
 
-    _STYLES = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn}
+    _STYLES = {"r1_zero": r1_zero_answer, "question_only": question_only_answer}
 
     def __init__(self, style: str = "r1_zero", timeout: float = GRADE_TIMEOUT_S) -> None:
         if style not in self._STYLES:
             raise ValueError(f"unknown math reward style {style!r}; valid: {sorted(self._STYLES)}")
+        if not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.style = style
         self.timeout = timeout
         self.__name__ = f"{style}_reward"
@@ -141,11 +154,22 @@ class MathReward:
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         truths = _column(columns, ("ground_truth", "answer"), len(completions), self.__name__)
         truths = [extract_gsm8k_answer(t) if isinstance(t, str) and "####" in t else t for t in truths]
-        reward_fn = self._STYLES[self.style]
+        golds = [ground_truth_answers(t, f"{self.__name__}: ground_truth[{i}]") for i, t in enumerate(truths)]
+        extract = self._STYLES[self.style]
+        formats, answers = (
+            zip(*(extract(completion_text(c)) for c in completions), strict=True) if completions else ((), ())
+        )
+        correct, counts = grade_many(
+            [a if f else None for f, a in zip(formats, answers, strict=True)], golds, self.timeout
+        )
         components = [
-            reward_fn(completion_text(c), truth, self.timeout) for c, truth in zip(completions, truths, strict=True)
+            {"format_reward": float(f), "answer_reward": float(f and ok), "reward": float(f and ok)}
+            for f, ok in zip(formats, correct, strict=True)
         ]
         _report(self.__name__, components, log_metric, log_extra)
+        if log_metric is not None:
+            log_metric(f"rewards/{self.__name__}/grading_timeouts", counts["timeouts"])
+            log_metric(f"rewards/{self.__name__}/grading_rejected", counts["rejected"])
         return [c["reward"] for c in components]
 
     def __repr__(self) -> str:
