@@ -44,7 +44,7 @@ def _timed(results: dict, key, function, *args) -> None:
         value = function(*args)
     except GradingTimeout:
         value = "timeout"
-    results[key] = (value, time.perf_counter() - start)
+    results[key] = (value, time.perf_counter() - start, time.perf_counter())
 
 
 def test_pathological_answers_from_several_threads_each_stop_at_the_cap(pool):
@@ -72,6 +72,24 @@ def test_pathological_answers_from_several_threads_each_stop_at_the_cap(pool):
     assert wall < CAP_S + SLACK_S  # six caps run side by side, not one after another
     assert pool.stats["timeouts"] == timeouts_before + 6
     assert pool.verify("\\frac{1}{2}", "0.5", 30) is True  # killed workers were replaced
+
+
+def test_a_normal_answer_is_not_queued_behind_slow_ones(pool):
+    """Both workers held by towers (3 s cap): a normal answer gets a fresh worker once they turn slow (half the
+    cap) and is answered before the towers stop; with a fixed pool it would wait for a tower to be killed."""
+    done = {}
+    towers = [threading.Thread(target=_timed, args=(done, i, pool.verify, "1", TOWER, 3.0)) for i in range(2)]
+    for thread in towers:
+        thread.start()
+    time.sleep(0.3)  # both towers are in the workers
+    forked = pool.stats["workers_forked"]
+    assert pool.verify("x+x", "2x", 30) is True
+    normal_done = time.perf_counter()
+    for thread in towers:
+        thread.join(timeout=60)
+    assert [value for value, _, _ in done.values()] == ["timeout", "timeout"]
+    assert pool.stats["workers_forked"] > forked
+    assert normal_done < min(end for _, _, end in done.values())
 
 
 def test_timeouts_score_zero_are_logged_and_not_cached(monkeypatch):

@@ -17,6 +17,7 @@ from conftest import shared_path
 from test_rewards_countdown import _all_trees, _random_tree
 
 from trl_ext.rewards import (
+    CountdownReward,
     countdown_reward,
     extract_gsm8k_answer,
     grade,
@@ -137,3 +138,40 @@ def test_countdown_dev_rewards_match_independent_arithmetic():
     assert countdown_reward(texts[:3], reward_model=models) == countdown_reward(
         texts[:3], nums=[frame.nums[0]] * 3, target=[frame.target[0]] * 3
     )
+
+
+def test_a_bare_given_number_solves_no_test_or_dev_problem():
+    """The free reward: `<answer> N </answer>` with N a given number equal to the target solved 81 of the 2,048
+    test + dev problems under the at-most-once rule; the default (each number exactly once) solves none."""
+    import pyarrow.parquet as pq
+
+    problems = []
+    for split in ("test", "dev"):
+        table = pq.read_table(shared_path("countdown", f"{split}.parquet"), columns=["nums", "target"])
+        problems += [(list(row["nums"]), row["target"]) for row in table.to_pylist()]
+    assert len(problems) == 2048
+    texts = [f"<answer> {n} </answer>" for numbers, _ in problems for n in numbers]
+    nums = [numbers for numbers, _ in problems for _ in numbers]
+    targets = [target for numbers, target in problems for _ in numbers]
+    problem_of = [p for p, (numbers, _) in enumerate(problems) for _ in numbers]
+    solved = {
+        rule: {problem_of[i] for i, r in enumerate(reward_fn(texts, nums=nums, target=targets)) if r == 1.0}
+        for rule, reward_fn in (("exactly_once", countdown_reward), ("at_most_once", CountdownReward(False)))
+    }
+    assert len(solved["exactly_once"]) == 0
+    assert len(solved["at_most_once"]) == 81
+
+
+def test_math_answers_with_a_base_subscript():
+    """Every MATH answer written in a base (`2516_8`, `4210_{5}`: 66 in MATH500 + math12k): the same numeral with
+    or without braces is right, the same digits in the next base are wrong unless they denote the same integer
+    (`1_7` = `1_8`; math-verify dropped the subscript and took every such pair as equal)."""
+    answers = [row["answer"] for part in ("math500_test.jsonl", "math12k_train.jsonl") for row in _jsonl("math", part)]
+    based = [(a, m) for a in answers if (m := re.fullmatch(r"(-?[0-9A-Z.]+)_\{?([0-9]+)\}?", a.strip().rstrip(".")))]
+    assert len(based) == 66
+    for answer, match in based:
+        digits, base = match.groups()
+        assert grade(f"{digits}_{{{base}}}", answer, timeout=30) is True, answer
+        same_value = "." not in digits and int(digits.lstrip("-"), int(base)) == int(digits.lstrip("-"), int(base) + 1)
+        assert grade(f"{digits}_{int(base) + 1}", answer, timeout=30) is same_value, answer
+        assert grade(digits, answer, timeout=30) is True, answer

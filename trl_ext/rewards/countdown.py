@@ -62,8 +62,9 @@ REWARDS = (0.0, FORMAT_REWARD, CORRECT_REWARD)
 _OPEN, _CLOSE = "<answer>", "</answer>"
 # ASCII only: `\d` would also accept other scripts' digits, which `int()` silently converts.
 _INTEGER = re.compile(r"[0-9]+")
-_NUMBERS_AND_GAPS = re.compile(r"([0-9]+)")
-_LEADING_ZERO = re.compile(r"(?<![0-9])0+[1-9]")  # `07` is not a Python int literal (`0` and `00` are)
+# Splits an equation into [gap, number, gap, ...]. `07` is not a Python int literal (`0` and `00` are): zeros before
+# a nonzero digit split off as a number of their own, so `07` reads as two operands in a row, which is invalid.
+_NUMBERS_AND_GAPS = re.compile(r"(0+(?=[1-9])|[0-9]+)")
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _DECIMAL = re.compile(r"([0-9]+)\.([0-9]+)")
 
@@ -144,6 +145,7 @@ def _divide(left: Number, right: Number) -> Number:
 
 
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 # Compiled shapes (see `_compile_shape`); a plain dict: a lookup is ~4x cheaper than through `lru_cache`.
 _SHAPES: dict[str, tuple | None] = {}
 _MAX_SHAPES = 1 << 14
@@ -154,56 +156,61 @@ def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
 
     `shape` is an equation with every integer replaced by `0` and whitespace removed; the grammar is Python's for
     these tokens: `expr := term (("+" | "-") term)*`, `term := atom (("*" | "/") atom)*`, `atom := 0 | "(" expr ")"`
-    (left-associative, no unary signs). Operands are registers 0..k-1 in reading order; operation i
-    `(function, left, right)` writes register k + i; the value is the last register.
+    (left-associative, no unary signs). Parsed by shunting-yard, checking that operands and operators alternate.
+    Operands are registers 0..k-1 in reading order; operation i `(function, left, right)` writes register k + i;
+    the value is the last register.
     """
+    if not shape or _too_deep(shape):
+        return None
     code: list[tuple] = []
+    registers: list[int] = []  # the registers of the values not consumed yet
+    pending: list[str] = []  # operators and open parentheses
     n_operands = shape.count("0")
-    position = operand = 0
+    operand = 0
+    expect_operand = True
 
-    def atom() -> int:
-        nonlocal position, operand
-        char = shape[position] if position < len(shape) else ""
-        position += 1
-        if char == "0":
-            operand += 1
-            return operand - 1
-        if char != "(":
-            raise ValueError
-        register = expression()
-        if position >= len(shape) or shape[position] != ")":
-            raise ValueError
-        position += 1
-        return register
+    def emit() -> None:
+        right, left = registers.pop(), registers.pop()
+        code.append((_OPERATIONS[pending.pop()], left, right))
+        registers.append(n_operands + len(code) - 1)
 
-    def chain(operand_parser, symbols: str) -> int:
-        nonlocal position
-        left = operand_parser()
-        while position < len(shape) and shape[position] in symbols:
-            function = _OPERATIONS[shape[position]]
-            position += 1
-            code.append((function, left, operand_parser()))
-            left = n_operands + len(code) - 1
-        return left
-
-    def term() -> int:
-        return chain(atom, "*/")
-
-    def expression() -> int:
-        return chain(term, "+-")
-
-    if _too_deep(shape):
+    for char in shape:
+        if expect_operand:
+            if char == "0":
+                registers.append(operand)
+                operand += 1
+                expect_operand = False
+            elif char == "(":
+                pending.append(char)
+            else:
+                return None
+        elif char in _PRECEDENCE:
+            while pending and pending[-1] != "(" and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[char]:
+                emit()
+            pending.append(char)
+            expect_operand = True
+        elif char == ")":
+            while pending and pending[-1] != "(":
+                emit()
+            if not pending:
+                return None
+            pending.pop()
+        else:
+            return None
+    if expect_operand:
         return None
-    try:
-        expression()
-    except ValueError:
-        return None
-    return tuple(code) if position == len(shape) else None
+    while pending:
+        if pending[-1] == "(":
+            return None
+        emit()
+    return tuple(code)
 
 
 def _evaluate_split(gaps: list[str], operands: list[Number]) -> Number | None:
     """Value of an equation given as the text between its integers (`gaps`) and the integers' values."""
-    shape = "".join("0".join(gaps).split())
+    shape = "0".join(gaps).replace(" ", "")
+    if not shape.isprintable():  # other whitespace (newlines, tabs, unicode spaces)
+        shape = "".join(shape.split())
     code = _SHAPES.get(shape, False)
     if code is False:
         if len(_SHAPES) >= _MAX_SHAPES:
@@ -233,8 +240,6 @@ def _evaluate_exact(equation: str, allow_decimals: bool = False) -> Number | Non
         return None
     if allow_decimals and "." in equation:
         equation = _DECIMAL.sub(lambda m: f"({int(m.group(1) + m.group(2))}/{10 ** len(m.group(2))})", equation)
-    if "0" in equation and _LEADING_ZERO.search(equation):
-        return None
     parts = _NUMBERS_AND_GAPS.split(equation)
     return _evaluate_split(parts[::2], list(map(int, parts[1::2])))
 
@@ -317,8 +322,6 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
         if len(used) != len(numbers) or sorted(used) != sorted(numbers):
             return None
     elif not _numbers_allowed(used, numbers, False):
-        return None
-    if "0" in answer and _LEADING_ZERO.search(answer):
         return None
     return _evaluate_split(parts[::2], used)
 
