@@ -78,7 +78,8 @@ def bench_countdown(repeats: int, limit: int | None) -> dict:
     import ast
 
     from trl_ext.rewards import countdown_reward
-    from trl_ext.rewards.countdown import _SHAPES, extract_answer
+    from trl_ext.rewards.countdown import extract_answer
+    from trl_ext.rewards.exact_arithmetic import _SHAPES
 
     texts, nums, targets = _countdown_completions(random.Random(0), limit)
     n = len(texts)

@@ -20,6 +20,7 @@ import pytest
 
 from trl_ext.rewards import countdown as cd
 from trl_ext.rewards.countdown import MAX_EQUATION_CHARS, MAX_NESTING, MAX_STEPS, evaluate_equation, score_code
+from trl_ext.rewards.exact_arithmetic import evaluate_exact
 
 _CHARS = re.compile(r"[0-9+\-*/()\s]+")
 _STEP_CHARS = re.compile(r"[0-9.+\-*/()\s]+")
@@ -115,7 +116,7 @@ def test_every_shape_up_to_six_characters():
         for chars in itertools.product("0+-*/()", repeat=length):
             text = "".join(str(rng.choice([0, 1, 2, 3, 7, 12])) if c == "0" else c for c in chars)
             expected = oracle_equation(text)
-            assert cd._evaluate_exact(text) == expected, text
+            assert evaluate_exact(text) == expected, text
             checked += 1
             valid += expected is not None
     assert checked == sum(7**n for n in range(1, 7)) and valid == 130  # the valid ones, counted once by hand
@@ -141,11 +142,11 @@ def test_random_trees_and_hostile_strings():
                 text = text[:i] + rng.choice(alphabet) + text[i:]
         else:
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
-        assert cd._evaluate_exact(text) == oracle_equation(text), text
-        assert cd._evaluate_exact(text, allow_decimals=True) == oracle_equation(text, allow_decimals=True), text
+        assert evaluate_exact(text) == oracle_equation(text), text
+        assert evaluate_exact(text, allow_decimals=True) == oracle_equation(text, allow_decimals=True), text
     deep = "(" * MAX_NESTING + "1" + ")" * MAX_NESTING
-    assert cd._evaluate_exact(deep) == oracle_equation(deep) == 1
-    assert cd._evaluate_exact("(" + deep + ")") is None is oracle_equation("(" + deep + ")")
+    assert evaluate_exact(deep) == oracle_equation(deep) == 1
+    assert evaluate_exact("(" + deep + ")") is None is oracle_equation("(" + deep + ")")
 
 
 def _random_steps(rng: random.Random, numbers: list[int]) -> str:

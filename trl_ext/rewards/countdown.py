@@ -18,11 +18,8 @@ Rules, chosen and fixed here:
   it lets a bare `<answer> 33 </answer>` score 1.0 whenever 33 is one of the given numbers.
 - Only ASCII digits, whitespace, `+ - * /` and parentheses; no unary minus (the game has only the four binary
   operations), no `**`, no implicit multiplication, no names or calls, no leading zeros (`07`); Python's grammar
-  for these tokens. Nothing is ever `eval`-ed: the numbers are cut out of the text, what is left (the "shape",
-  e.g. `(0+0)-0*0`) is parsed once by a small recursive-descent parser into a list of binary operations (cached:
-  a training run sees few shapes), and the operations run on the numbers in exact arithmetic (ints while
-  divisions are exact, `Fraction` after), so `6/(1-3/4)` is exactly 24. A property test checks this against
-  Python's own parser (`ast`) and a whitelisted evaluation of its tree.
+  for these tokens. Nothing is ever `eval`-ed: `trl_ext.rewards.exact_arithmetic` parses the equation's shape
+  and evaluates it in exact rational arithmetic, so `6/(1-3/4)` is exactly 24.
 - Bounded work on any input: an equation longer than `MAX_EQUATION_CHARS` or nested deeper than `MAX_NESTING`
   parentheses is invalid before it is parsed, and at most `MAX_STEPS` step lines are read.
 """
@@ -33,6 +30,16 @@ import operator
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+
+from trl_ext.rewards.exact_arithmetic import (
+    MAX_EQUATION_CHARS,
+    MAX_NESTING,
+    NUMBERS_AND_GAPS,
+    Number,
+    evaluate_equation,
+    evaluate_exact,
+    evaluate_split,
+)
 
 __all__ = [
     "MAX_EQUATION_CHARS",
@@ -48,8 +55,6 @@ __all__ = [
     "validate_numbers",
 ]
 
-MAX_EQUATION_CHARS = 256
-MAX_NESTING = 32
 MAX_STEPS = 16
 
 CORRECT_REWARD = 1.0
@@ -62,13 +67,7 @@ REWARDS = (0.0, FORMAT_REWARD, CORRECT_REWARD)
 _OPEN, _CLOSE = "<answer>", "</answer>"
 # ASCII only: `\d` would also accept other scripts' digits, which `int()` silently converts.
 _INTEGER = re.compile(r"[0-9]+")
-# Splits an equation into [gap, number, gap, ...]. `07` is not a Python int literal (`0` and `00` are): zeros before
-# a nonzero digit split off as a number of their own, so `07` reads as two operands in a row, which is invalid.
-_NUMBERS_AND_GAPS = re.compile(r"(0+(?=[1-9])|[0-9]+)")
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-_DECIMAL = re.compile(r"([0-9]+)\.([0-9]+)")
-
-Number = int | Fraction
 
 
 def extract_answer(text: str) -> str | None:
@@ -127,146 +126,6 @@ def validate_numbers(equation: str, available_numbers: Iterable[int], require_al
     return _numbers_allowed(used, [int(n) for n in available_numbers], require_all)
 
 
-def _too_deep(text: str) -> bool:
-    if text.count("(") <= MAX_NESTING:  # balance itself is the parser's job
-        return False
-    depth = 0
-    for char in text:
-        depth += (char == "(") - (char == ")")
-        if depth > MAX_NESTING:
-            return True
-    return False
-
-
-def _divide(left: Number, right: Number) -> Number:
-    if type(left) is int and type(right) is int and not left % right:  # ZeroDivisionError on 0, as wanted
-        return left // right  # plain ints while the division is exact: Fraction is ~10x slower than int
-    return Fraction(left) / right
-
-
-_OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
-# Compiled shapes (see `_compile_shape`); a plain dict: a lookup is ~4x cheaper than through `lru_cache`.
-_SHAPES: dict[str, tuple | None] = {}
-_MAX_SHAPES = 1 << 14
-
-
-def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
-    """Operations of an expression shape, or None when it is not one.
-
-    `shape` is an equation with every integer replaced by `0` and whitespace removed; the grammar is Python's for
-    these tokens: `expr := term (("+" | "-") term)*`, `term := atom (("*" | "/") atom)*`, `atom := 0 | "(" expr ")"`
-    (left-associative, no unary signs). Parsed by shunting-yard, checking that operands and operators alternate.
-    Operands are registers 0..k-1 in reading order; operation i `(function, left, right)` writes register k + i;
-    the value is the last register.
-    """
-    if not shape or _too_deep(shape):
-        return None
-    code: list[tuple] = []
-    registers: list[int] = []  # the registers of the values not consumed yet
-    pending: list[str] = []  # operators and open parentheses
-    n_operands = shape.count("0")
-    operand = 0
-    expect_operand = True
-
-    def emit() -> None:
-        right, left = registers.pop(), registers.pop()
-        code.append((_OPERATIONS[pending.pop()], left, right))
-        registers.append(n_operands + len(code) - 1)
-
-    for char in shape:
-        if expect_operand:
-            if char == "0":
-                registers.append(operand)
-                operand += 1
-                expect_operand = False
-            elif char == "(":
-                pending.append(char)
-            else:
-                return None
-        elif char in _PRECEDENCE:
-            while pending and pending[-1] != "(" and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[char]:
-                emit()
-            pending.append(char)
-            expect_operand = True
-        elif char == ")":
-            while pending and pending[-1] != "(":
-                emit()
-            if not pending:
-                return None
-            pending.pop()
-        else:
-            return None
-    if expect_operand:
-        return None
-    while pending:
-        if pending[-1] == "(":
-            return None
-        emit()
-    return tuple(code)
-
-
-def _evaluate_split(gaps: list[str], operands: list[Number]) -> Number | None:
-    """Value of an equation given as the text between its integers (`gaps`) and the integers' values."""
-    shape = "0".join(gaps).replace(" ", "")
-    if not shape.isprintable():  # other whitespace (newlines, tabs, unicode spaces)
-        shape = "".join(shape.split())
-    code = _SHAPES.get(shape, False)
-    if code is False:
-        if len(_SHAPES) >= _MAX_SHAPES:
-            _SHAPES.clear()
-        code = _SHAPES[shape] = _compile_shape(shape)
-    if code is None:
-        return None
-    registers = operands
-    append = registers.append
-    try:
-        for function, i, j in code:
-            append(function(registers[i], registers[j]))
-    except ZeroDivisionError:
-        return None
-    return registers[-1]
-
-
-def _evaluate_exact(equation: str, allow_decimals: bool = False) -> Number | None:
-    """Exact value of an arithmetic expression, or None when it is invalid.
-
-    `allow_decimals` admits literals such as `0.75` (a step may reuse an earlier step's decimal result); they are
-    rewritten as exact fractions first.
-    """
-    if not isinstance(equation, str):
-        return None
-    if len(equation) > MAX_EQUATION_CHARS and len(" ".join(equation.split())) > MAX_EQUATION_CHARS:
-        return None
-    if allow_decimals and "." in equation:
-        equation = _DECIMAL.sub(lambda m: f"({int(m.group(1) + m.group(2))}/{10 ** len(m.group(2))})", equation)
-    parts = _NUMBERS_AND_GAPS.split(equation)
-    return _evaluate_split(parts[::2], list(map(int, parts[1::2])))
-
-
-def evaluate_equation(equation: str) -> float | None:
-    """Value of an arithmetic expression over `+ - * /`, integers and parentheses; None when invalid.
-
-    Evaluated exactly (rationals), then converted to float: `"6/(1-3/4)"` -> 24.0, `"(65 - 7) - 7"` -> 51.0.
-    Invalid (None): other characters (`**`, names, calls, `.`, unicode digits or operators), implicit
-    multiplication such as `2(3)`, unary signs, leading zeros, division by zero, more than `MAX_EQUATION_CHARS`
-    characters (whitespace runs count as one) or `MAX_NESTING` nested parentheses.
-
-    Args:
-        equation: the expression text.
-
-    Returns:
-        The value as a float, or None.
-    """
-    value = _evaluate_exact(equation)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
 # One "Step X:" line: an optional label, the expression, `=` and the claimed result. The same decisions as
 # matching the label, `rpartition("=")` and a number after it: only the text after the last `=` can be the result.
 _STEP_LINE = re.compile(r"(?:\s*step\s*[0-9]+\s*[:.)]\s*)?(.*)=\s*([0-9]+(?:\.[0-9]+)?)\s*", re.IGNORECASE | re.DOTALL)
@@ -301,7 +160,7 @@ def _evaluate_steps(answer: str, numbers: list[int], require_all: bool) -> Numbe
     if result is None or (require_all and pool != [result]):
         return None
     for left, claimed_result in steps:
-        value = _evaluate_exact(left, allow_decimals=True)
+        value = evaluate_exact(left, allow_decimals=True)
         if value is None or value != claimed_result:
             return None
     return result
@@ -316,14 +175,14 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
     # Whitespace runs count as one character (the bound is on the equation, not its layout).
     if len(answer) > MAX_EQUATION_CHARS and len(" ".join(answer.split())) > MAX_EQUATION_CHARS:
         return None
-    parts = _NUMBERS_AND_GAPS.split(answer)
+    parts = NUMBERS_AND_GAPS.split(answer)
     used = list(map(int, parts[1::2]))
     if require_all:
         if len(used) != len(numbers) or sorted(used) != sorted(numbers):
             return None
     elif not _numbers_allowed(used, numbers, False):
         return None
-    return _evaluate_split(parts[::2], used)
+    return evaluate_split(parts[::2], used)
 
 
 def parse_countdown_ground_truth(ground_truth: Mapping) -> tuple[list[int], int]:
