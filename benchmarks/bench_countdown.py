@@ -11,8 +11,8 @@ solver's correct equation, a wrong one, a "Step X:" answer, or no tag; the layou
 `trl_ext.rewards.countdown_reward` (the TRL callable, default rule: each number exactly once) on the batch, and
 the reference on each completion, both fed the same columns: Python lists (what an HF dataset hands TRL) and,
 secondly, numpy values (a pandas / parquet frame). The arms alternate, the process pinned to one core, CPU time
-of this process; ours starts every pass with its shape cache empty. Ratio = reference CPU time / ours, median
-over rounds. Goal: >= 1.5x.
+of this process, garbage collection paused as timeit does; ours starts every pass with its shape cache empty.
+Ratio = reference CPU time / ours, median over rounds. Goal: >= 1.5x.
 
 Decisions are compared on the corpus and on a generated set of adversarial answers; each disagreement is put in
 the class of rule difference that explains it (steps and `= value` answers, which the reference's whitelist
@@ -25,6 +25,7 @@ disagreement is a bug. Also counted: problems a bare `<answer> N </answer>` (N a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -206,9 +207,12 @@ def throughput(rows, rounds: int, numpy_columns: bool) -> dict:
     arms = [("ours", ours), ("reference", reference)]
     for round_index in range(rounds):
         for name, run in arms if round_index % 2 == 0 else arms[::-1]:
+            gc.collect()
+            gc.disable()  # as timeit does: a collection landing in one arm's pass is noise
             start = time.process_time()
             run()
             seconds[name].append(time.process_time() - start)
+            gc.enable()
     ratios = [r / o for r, o in zip(seconds["reference"], seconds["ours"], strict=True)]
     n = len(rows)
     return {
