@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 import warnings
 from decimal import Decimal
@@ -273,3 +274,58 @@ def test_trl_reward_names_the_bad_row_before_scoring():
         r1_zero_reward(["r </think> <answer> 1 </answer>"] * 2, ground_truth=["1", float("nan")])
     with pytest.raises(ValueError, match=r"r1_zero_reward: ground_truth\[0\]\[0\] is None"):
         r1_zero_reward(["r </think> <answer> None </answer>"], ground_truth=[[None]])
+
+
+def _random_ground_truth(rng):
+    scalars = [
+        lambda: None,
+        lambda: float("nan"),
+        lambda: np.float32("nan"),
+        lambda: float(rng.choice(["inf", "-inf"])),
+        lambda: "",
+        lambda: " " * rng.randint(1, 3),
+        lambda: rng.choice([True, False, np.bool_(True)]),
+        lambda: rng.randint(-(10**6), 10**6),
+        lambda: rng.choice([np.int8, np.int32, np.int64, np.uint16])(rng.randint(0, 100)),
+        lambda: rng.choice([np.float16, np.float32, np.float64, float])(rng.randint(-50, 50) / 4),
+        lambda: Fraction(rng.randint(-9, 9), rng.randint(1, 9)),
+        lambda: rng.choice(["7", "\\frac{1}{2}", "x^2+1", "(1,2)", "None", "nan"]),
+    ]
+    if rng.random() < 0.3:
+        return [rng.choice(scalars)() for _ in range(rng.randint(0, 3))]
+    return rng.choice(scalars)()
+
+
+def _missing(value) -> bool:
+    if isinstance(value, list):
+        return not value or any(_missing(v) for v in value)
+    if value is None or isinstance(value, bool | np.bool_):
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    return isinstance(value, float | np.floating) and not np.isfinite(value)
+
+
+def test_random_ground_truths_raise_or_convert_and_never_reward_an_echo():
+    """Seeded fuzz over ground-truth values: a missing value (None, NaN, inf, bool, empty) anywhere raises a
+    ValueError that shows it; anything else converts, and echoing the text of a missing value never scores."""
+    rng = random.Random(0)
+    outcomes = {"raised": 0, "converted": 0}
+    for _ in range(3000):
+        truth = _random_ground_truth(rng)
+        echo = "None" if truth is None else str(truth[0] if isinstance(truth, list) and truth else truth)
+        response = f"r </think> <answer> {echo} </answer>"
+        if _missing(truth):
+            with pytest.raises(ValueError):
+                r1_zero_reward_fn(response, truth)
+            outcomes["raised"] += 1
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            answers = ground_truth_answers(truth)
+            reward = r1_zero_reward_fn(response, truth)["reward"]
+        assert all(isinstance(a, str) and a.strip() for a in answers)
+        if echo.strip().lower() in ("none", "nan") and len(answers) == 1:
+            assert reward == 0.0, truth
+        outcomes["converted"] += 1
+    assert min(outcomes.values()) > 500
