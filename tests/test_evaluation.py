@@ -136,6 +136,7 @@ def test_vllm_sampling_kwargs_are_the_seeds():
         "stop": ["</answer>"],
         "include_stop_str_in_output": True,
         "logprobs": 0,
+        "min_tokens": 0,  # a recipe's generation_kwargs min_tokens under `trl-ext eval --recipe`
     }
     assert vllm_engine_kwargs(cfg) == {"model": "m", "seed": 5, "dtype": "auto"}
 

@@ -9,6 +9,11 @@ Wall-clock time is rebuilt from the log, as `log_history` has no timestamps: TRL
 of the optimizer steps since the previous log), so a train entry adds `step_time * (step - previous train step)`,
 and an evaluation entry adds its `eval_runtime`. Time spent outside steps and evaluation (checkpoint saving,
 start-up) is not counted.
+
+`--baseline DIR` draws zero-shot reference lines on the validation accuracy panel (`eval_rewards/*/answer_reward`:
+the answer reward without the format bonus): DIR is a `trl-ext eval --recipe ... --max-tokens 256,512,1024` output,
+and each run gets the accuracy at its own `max_completion_length` (from its `trl_ext_run.json`; a run without one
+gets every budget).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("response length (tokens)", ["completions/mean_length"]),
 ]
 X_AXES = ("step", "wall_clock_s")
+ACCURACY_PANEL = "validation answer reward"
 
 
 @dataclass
@@ -129,6 +135,7 @@ def plot_runs(
     labels: list[str] | None = None,
     panels: list[tuple[str, list[str]]] | None = None,
     csv_path: str | Path | None = None,
+    baseline: str | Path | None = None,
 ):
     """Draw every panel for every run against step (top row of each pair) and wall-clock time.
 
@@ -139,6 +146,9 @@ def plot_runs(
         panels: `(title, candidate keys)` pairs (default `PANELS`); panels no run logged are left out.
         csv_path: the numbers drawn, long format `run,panel,key,step,wall_clock_s,value` (default: `output`
             with `.csv`).
+        baseline: a `trl-ext eval` output folder (or its `summary.json`): its accuracy at each run's budget is drawn
+            as a dashed horizontal line labelled `zero-shot L<budget>` on the validation answer reward panel, and
+            written to the CSV with key `zero-shot accuracy`.
 
     Returns:
         The matplotlib figure. Axes are titled `"<panel> vs step"` / `"<panel> vs wall-clock"` and hold one line
@@ -155,6 +165,7 @@ def plot_runs(
     if labels is None:
         _unique_names(runs)
     panels = PANELS if panels is None else panels
+    references = baseline_lines(baseline, runs) if baseline is not None else []
     keyed = [(title, [(run, metric_key(run, cands)) for run in runs]) for title, cands in panels]
     keyed = [(title, pairs) for title, pairs in keyed if any(k for _, k in pairs)]
     if not keyed:
@@ -177,6 +188,11 @@ def plot_runs(
                 ax.plot(steps if x_name == "step" else times, values, marker=".", label=run.name)
                 if j == 0:
                     rows_csv += [(run.name, title, key, s, t, v) for s, t, v in zip(steps, times, values, strict=True)]
+            if title == ACCURACY_PANEL:
+                for budget, accuracy in references:
+                    ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
+                    if j == 0:
+                        rows_csv.append((f"zero-shot L{budget}", title, "zero-shot accuracy", "", "", accuracy))
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
     for k in range(len(keyed), (nrows // 2) * ncols):
@@ -192,6 +208,46 @@ def plot_runs(
         writer.writerow(["run", "panel", "key", "step", "wall_clock_s", "value"])
         writer.writerows(rows_csv)
     return fig
+
+
+def load_baseline(path: str | Path) -> dict[int, float]:
+    """`{budget: accuracy}` of a `trl-ext eval` run (its folder or `summary.json`)."""
+    path = Path(path)
+    summary = path / "summary.json" if path.is_dir() else path
+    if not summary.is_file():
+        raise FileNotFoundError(f"--baseline {path}: no summary.json (the output folder of `trl-ext eval`)")
+    results = json.loads(summary.read_text()).get("results")
+    if not isinstance(results, dict) or not results:
+        raise ValueError(f"{summary}: no 'results' per budget (write it with `trl-ext eval`)")
+    return {int(budget): float(result["accuracy"]) for budget, result in results.items()}
+
+
+def run_budget(run: RunLog) -> int | None:
+    """A run's `max_completion_length`, from the `trl_ext_run.json` the recipe entry points write."""
+    record = run.path / "trl_ext_run.json"
+    if not record.is_file():
+        return None
+    value = json.loads(record.read_text()).get("config", {}).get("max_completion_length")
+    return None if value is None else int(value)
+
+
+def baseline_lines(baseline: str | Path, runs: list[RunLog]) -> list[tuple[int, float]]:
+    """`(budget, accuracy)` reference lines for `runs`: each run's own budget, or every budget for a run without
+    a record. A budget the baseline lacks is an error naming both."""
+    accuracy = load_baseline(baseline)
+    budgets: set[int] = set()
+    for run in runs:
+        budget = run_budget(run)
+        if budget is None:
+            budgets |= set(accuracy)
+        elif budget not in accuracy:
+            raise ValueError(
+                f"--baseline {baseline} has budgets {sorted(accuracy)}, not run {run.name}'s max_completion_length "
+                f"{budget}; evaluate it with --max-tokens including {budget}"
+            )
+        else:
+            budgets.add(budget)
+    return [(budget, accuracy[budget]) for budget in sorted(budgets)]
 
 
 def plot_pass_at_n(summary: dict, output: str | Path, title: str = ""):
@@ -230,11 +286,16 @@ def register(app: typer.Typer) -> None:
         run_dirs: list[str] = typer.Argument(..., help="Training output folders (several runs are overlaid)."),
         output: str = typer.Option("curves.png", "--output", "-o", help="PNG to write (a .csv goes beside it)."),
         labels: str | None = typer.Option(None, help="Comma-separated legend names, one per run."),
+        baseline: str | None = typer.Option(
+            None,
+            help="A `trl-ext eval --recipe` output folder: zero-shot accuracy lines on the validation accuracy panel "
+            "(each run at its max_completion_length).",
+        ),
     ) -> None:
         """Training curves (reward, validation reward, entropy, grad norm, clip fraction, length) vs step and time."""
         names = [s.strip() for s in labels.split(",")] if labels else None
         try:
-            plot_runs(run_dirs, output, labels=names)
+            plot_runs(run_dirs, output, labels=names, baseline=baseline)
         except (FileNotFoundError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
         typer.echo(f"wrote {output} and {Path(output).with_suffix('.csv')}")

@@ -16,7 +16,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("eval")
     def eval_command(
-        model: str = typer.Argument(..., help="Hub id or local directory of the model."),
+        ctx: typer.Context,
+        model: str | None = typer.Argument(
+            None, help="Hub id or local directory of the model (with --recipe: default the recipe's model)."
+        ),
+        recipe: Path | None = typer.Option(
+            None,
+            "--recipe",
+            help="A GRPO recipe YAML: evaluate exactly as its training validates (split, prompt, chat template and "
+            "enable_thinking, sampling, stop, reward); budget: its max_completion_length unless --max-tokens.",
+        ),
         task: str = typer.Option("gsm8k", help=f"One of {', '.join(TASK_NAMES)}."),
         split: str = typer.Option("test", help="Hub split, or a slice of --data-file ('test[:100]')."),
         data_file: str | None = typer.Option(None, help="Local .jsonl / .parquet instead of the Hub dataset."),
@@ -38,29 +47,44 @@ def register(app: typer.Typer) -> None:
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:
         """Zero-shot evaluation: accuracy, outcome categories, pass@N and Best@N per token budget."""
+        # Typer ships its own click: compare the parameter source by name.
+        given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
         try:
-            cfg = EvalConfig(
-                model=model,
-                task=task,
-                data_file=data_file,
-                split=split,
-                prompt=prompt,
-                chat=chat,
-                max_tokens=parse_int_list(max_tokens, "--max-tokens"),
-                temperature=temperature,
-                top_p=top_p,
-                n=n,
-                seed=seed,
-                limit=limit,
-                output_dir=output_dir,
-                backend=backend,
-                batch_size=batch_size,
-                dtype=dtype,
-                reward=reward,
-                ns=parse_int_list(ns, "--ns"),
-            )
+            if recipe is not None:
+                from trl_ext.evaluation.recipe import RECIPE_FIELDS, eval_config_from_recipe
+
+                names = {"data_file", "output_dir", "max_tokens", "backend", "batch_size", "dtype", "limit", "ns"}
+                overrides = {name: ctx.params[name] for name in given & (names | set(RECIPE_FIELDS))}
+                if "max_tokens" in overrides:
+                    overrides["max_tokens"] = parse_int_list(max_tokens, "--max-tokens")
+                if "ns" in overrides:
+                    overrides["ns"] = parse_int_list(ns, "--ns")
+                cfg = eval_config_from_recipe(recipe, model, **overrides)
+            elif model is None:
+                raise ValueError("give a MODEL, or --recipe to evaluate a recipe's model as it validates")
+            else:
+                cfg = EvalConfig(
+                    model=model,
+                    task=task,
+                    data_file=data_file,
+                    split=split,
+                    prompt=prompt,
+                    chat=chat,
+                    max_tokens=parse_int_list(max_tokens, "--max-tokens"),
+                    temperature=temperature,
+                    top_p=top_p,
+                    n=n,
+                    seed=seed,
+                    limit=limit,
+                    output_dir=output_dir,
+                    backend=backend,
+                    batch_size=batch_size,
+                    dtype=dtype,
+                    reward=reward,
+                    ns=parse_int_list(ns, "--ns"),
+                )
         except (ValueError, FileNotFoundError) as err:
             raise typer.BadParameter(str(err)) from None
         report = evaluate(cfg)
         typer.echo(format_report(report))
-        typer.echo(f"wrote {Path(output_dir) / 'summary.json'}")
+        typer.echo(f"wrote {Path(cfg.output_dir) / 'summary.json'}")

@@ -35,6 +35,9 @@ class EvalConfig:
         ns: the N values of pass@N / Best@N (those above n are skipped).
         num_examples: examples kept per category in `summary.json`.
         stop: stop strings.
+        chat_template_kwargs: extra variables of the chat template (Qwen3: `{"enable_thinking": true}`), as the
+            recipes' TRL field of the same name; only with `chat`.
+        min_tokens: tokens generated before EOS / stop may end a sample (the recipes' vLLM `min_tokens`).
     """
 
     model: str
@@ -57,6 +60,8 @@ class EvalConfig:
     ns: tuple[int, ...] = (1, 4, 8, 16)
     num_examples: int = 3
     stop: tuple[str, ...] = field(default=STOP)
+    chat_template_kwargs: dict | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, int | str):
@@ -84,6 +89,13 @@ class EvalConfig:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.data_file is not None and not Path(self.data_file).is_file():
             raise FileNotFoundError(f"data_file: no such file {self.data_file}")
+        if self.chat_template_kwargs and not self.chat:
+            raise ValueError(
+                f"chat_template_kwargs {self.chat_template_kwargs} apply to the chat template only; set chat or "
+                "drop them"
+            )
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.n > 1 and self.temperature == 0:
             raise ValueError("n > 1 with temperature 0 (greedy) gives n identical samples; set a temperature")
 

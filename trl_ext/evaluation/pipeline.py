@@ -45,14 +45,16 @@ def load_problems(cfg: EvalConfig) -> tuple[list[str] | list[list[dict]], list[d
     return [r["prompt"] for r in rows], rows
 
 
-def render_prompts(prompts: list, tokenizer) -> list[str]:
-    """Prompt strings; chat messages go through the tokenizer's chat template with the generation prompt."""
+def render_prompts(prompts: list, tokenizer, chat_template_kwargs: dict | None = None) -> list[str]:
+    """Prompt strings; chat messages go through the tokenizer's chat template with the generation prompt and
+    `chat_template_kwargs` (as TRL renders them in training and validation)."""
     out = []
+    kwargs = chat_template_kwargs or {}
     for i, p in enumerate(prompts):
         if isinstance(p, str):
             out.append(p)
         elif getattr(tokenizer, "chat_template", None):
-            out.append(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True))
+            out.append(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs))
         else:
             raise ValueError(f"row {i}: chat prompt given but the tokenizer has no chat template; drop --chat")
     return out
@@ -143,7 +145,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
         from transformers import AutoTokenizer
 
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(cfg.model)
-        texts = render_prompts(prompts, tokenizer)
+        texts = render_prompts(prompts, tokenizer, cfg.chat_template_kwargs)
         samples = generate_vllm(cfg, texts)
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     else:
@@ -151,7 +153,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
             model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.dtype)
         elif tokenizer is None:
             raise ValueError("evaluate(model=...) needs tokenizer= too")
-        texts = render_prompts(prompts, tokenizer)
+        texts = render_prompts(prompts, tokenizer, cfg.chat_template_kwargs)
         samples = generate_transformers(
             model,
             tokenizer,
@@ -164,6 +166,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
             batch_size=cfg.batch_size,
             stop=cfg.stop,
             progress=progress,
+            min_new_tokens=cfg.min_tokens,
         )
         eos = eos_token_ids(model, tokenizer)
     seconds = time.perf_counter() - start

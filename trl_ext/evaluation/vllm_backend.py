@@ -27,6 +27,7 @@ def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "stop": list(cfg.stop),
         "include_stop_str_in_output": True,
+        "min_tokens": cfg.min_tokens,
         "logprobs": 0,
     }
 
