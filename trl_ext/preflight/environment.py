@@ -1,8 +1,8 @@
 """Preflight checks of the machine a run starts on: free ports, wandb login, installed extras, model and data sources.
 
 Nothing here loads a model or touches the network: a port is "free" when binding it succeeds, a wandb login is
-an API key in the environment, `~/.netrc` or wandb's settings (wandb's own lookup, with prompting off), and a hub
-id is checked for its form only.
+an API key in the environment or in `~/.netrc` (where `wandb login` writes it), and a hub id is checked for its
+form only.
 """
 
 from __future__ import annotations
@@ -87,25 +87,22 @@ class WandbStatus:
 
 
 def _wandb_logged_in(environ: Mapping[str, str]) -> bool:
-    """An API key for the wandb host exists (environment, netrc, settings), found without prompting."""
+    """An API key for the wandb host exists: `WANDB_API_KEY`, or the netrc entry `wandb login` writes.
+
+    Read without importing wandb: wandb caches its settings (the mode among them) in a singleton on first use, so
+    asking wandb itself would freeze `online` before `WANDB_MODE=offline` could be set.
+    """
+    import netrc
+
     if environ.get("WANDB_API_KEY"):
         return True
     host = environ.get("WANDB_BASE_URL", WANDB_DEFAULT_HOST)
+    machine = re.sub(r"^https?://", "", host).split("/")[0].split(":")[0]
+    path = environ.get("NETRC") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".netrc")
     try:
-        from wandb.sdk.lib.wbauth.authenticate import authenticate_session
-
-        return (
-            authenticate_session(host=host, source="trl_ext preflight", prompt=False, update_session=False) is not None
-        )
-    except Exception:  # another wandb version: fall back to the netrc file wandb writes on `wandb login`
-        import netrc
-
-        path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-        try:
-            machine = re.sub(r"^https?://", "", host).split("/")[0].split(":")[0]
-            return netrc.netrc(path).authenticators(machine) is not None
-        except (OSError, netrc.NetrcParseError):
-            return False
+        return netrc.netrc(path).authenticators(machine) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def resolve_wandb(
