@@ -1,0 +1,271 @@
+"""GPU check kit: our trainer against stock TRL on the seed-000 Dr.GRPO L256 recipe, and seed 004 under a 24 GB cap.
+
+For a session that has a GPU (the device tool; /work/.library/device/README.md). Everything is built offline:
+
+1. Precision x trainer: a random-init model from Qwen3-1.7B's config (`trl_ext.preflight.KNOWN_CONFIGS`: hidden 2048,
+   28 layers, 16 / 8 heads, head_dim 128, intermediate 6144, tied 151,936 x 2048 embedding) with the Qwen3
+   tokenizer (tests/data/qwen3_tokenizer) trains a few GRPO steps of recipes/countdown/seed000_drgrpo_l256.yaml
+   (parsed by the recipe parser; transformers generation, as no vLLM travels), in each precision mode
+   (`fp32_master`: dtype float32 + bf16 autocast; `pure_bf16`: dtype bfloat16), with `AblationGRPOTrainer` and
+   with stock `trl.GRPOTrainer` on the same config (loss_type dr_grpo, scale_rewards none), alternating which goes
+   first. Per run: peak GPU memory (`torch.cuda.max_memory_allocated`), median step time after the first step, the
+   first step's loss; per mode: the ratios ours / stock.
+2. Seed 004: recipes/gsm8k/seed004_24gb.yaml (Qwen2.5-1.5B-Instruct's config, random init) under
+   `torch.cuda.set_per_process_memory_fraction(24 GiB / total)`, `--steps` GRPO steps at the recipe's batch sizes
+   with transformers generation (no vLLM travels), against the preflight's estimate of that same setup. Without
+   bitsandbytes (carry its wheel if it fits the transfer limit) it runs fused fp32 AdamW, whose estimate exceeds
+   24 GiB: then an out-of-memory error is the expected result, and the JSON says whether the estimate predicted it.
+
+Writes benchmarks/results/gpu_check.json. `--smoke` runs the same code on the CPU with a tiny config and a couple of
+steps (tests/test_gpu_check.py); its numbers are not GPU numbers.
+
+On the device (nothing can be fetched there): carry TRL and its pure-Python needs as wheels, per the device README:
+
+    echo /.whl/ >> .git/info/exclude
+    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl trl==1.16.0 datasets math-verify \\
+        latex2sympy2_extended antlr4-python3-runtime==4.13.2 dill multiprocess pyarrow xxhash
+    # run (carry .whl):
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --output $OUT/gpu_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "tests" / "data" / "qwen3_tokenizer"
+DATA = ROOT / "tests" / "data" / "countdown" / "dev.parquet"
+GSM8K = ROOT / "tests" / "data" / "gsm8k" / "test.jsonl"
+SEED000 = ROOT / "recipes" / "countdown" / "seed000_drgrpo_l256.yaml"
+SEED004 = ROOT / "recipes" / "gsm8k" / "seed004_24gb.yaml"
+MODES = {"fp32_master": "float32", "pure_bf16": "bfloat16"}
+SMOKE_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "intermediate_size": 128}  # fmt: skip
+
+
+def save_random_model(name: str, folder: Path, smoke: bool, dtype: str = "float32") -> str:
+    """A random-init causal LM with `name`'s architecture (shrunk in smoke mode) and the Qwen3 tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trl_ext.preflight import KNOWN_CONFIGS
+
+    fields = dict(KNOWN_CONFIGS[name])
+    if smoke:
+        fields.update(SMOKE_CONFIG)
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def recipe_args(recipe: Path, task: str, model: str, output_dir: str, args, extra: list[str]):
+    """The recipe parsed by the recipe parser, shrunk to `args`' sizes, transformers generation, no logging, no
+    validation; returns the parsed triple and the command line (for the preflight's view of the same run)."""
+    from trl_ext.recipes import parse_recipe_args
+
+    data = str(GSM8K if task == "gsm8k" else DATA)
+    argv = ["--config", str(recipe), "--model_name_or_path", model, "--output_dir", output_dir]
+    argv += ["--dataset_source", data, "--dataset_split", "train", "--eval_split", "none", "--eval_strategy", "no"]
+    argv += ["--final_eval", "false", "--use_vllm", "false", "--report_to", "none", "--save_strategy", "no"]
+    argv += ["--n_grpo_steps", str(args.steps), "--rollout_log_steps", "0", "--logging_steps", "1"]
+    argv += ["--log_completions", "false", *extra]
+    if args.smoke:
+        argv += ["--use_cpu", "true", "--max_completion_length", "8"]
+    return parse_recipe_args(task, argv), argv
+
+
+def _step_timer():
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Wall time of each optimizer step (generation included when the step starts a rollout batch)."""
+
+        def __init__(self):
+            self.times: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            _sync()
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            _sync()
+            self.times.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_trainer(kind: str, parsed, task: str) -> dict:
+    """Train `parsed` with ours or stock TRL; the peak memory, step times and first loss."""
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_ext.recipes import adapt_generation_kwargs, load_grpo_datasets, model_init_kwargs
+    from trl_ext.rewards import get_reward_funcs
+    from trl_ext.trainer import AblationGRPOTrainer
+
+    script, args, model_args = parsed
+    adapt_generation_kwargs(args)
+    args.model_init_kwargs = model_init_kwargs(model_args, args)
+    train, _ = load_grpo_datasets(task, script, args)
+    rewards = get_reward_funcs(script.reward_funcs)
+    if kind == "stock":  # the same TRL fields; ours set loss_type / scale_rewards to their TRL equivalents
+        names = GRPOConfig.__dataclass_fields__
+        fields = {k: getattr(args, k) for k in names if names[k].init and hasattr(args, k)}
+        fields["steps_per_generation"] = None  # derived from generation_batch_size; TRL refuses both set
+        args = GRPOConfig(**fields)
+    trainer_cls = AblationGRPOTrainer if kind == "ours" else GRPOTrainer
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    trainer = trainer_cls(model=model_args.model_name_or_path, reward_funcs=rewards, args=args, train_dataset=train)
+    timer = _step_timer()
+    trainer.add_callback(timer)
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    result = {
+        "trainer": kind,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "step_s": timer.times,
+        "median_step_s": statistics.median(timer.times[1:] or timer.times),
+        "first_loss": losses[0] if losses else None,
+    }
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def precision_runs(args, workdir: Path) -> dict:
+    """Both precision modes, ours and stock alternating (which goes first flips per mode)."""
+    out = {}
+    for index, (mode, dtype) in enumerate(MODES.items()):
+        model = save_random_model("Qwen/Qwen3-1.7B", workdir / f"qwen3_{mode}", args.smoke)
+        extra = ["--dtype", dtype, "--rollout_batch_size", str(args.rollout), "--train_batch_size", str(args.rollout)]
+        runs = {}
+        for kind in ("ours", "stock") if index % 2 == 0 else ("stock", "ours"):
+            parsed, _ = recipe_args(SEED000, "countdown", model, str(workdir / f"{mode}_{kind}"), args, extra)
+            runs[kind] = run_trainer(kind, parsed, "countdown")
+        ours, stock = runs["ours"], runs["stock"]
+        out[mode] = {
+            **runs,
+            "step_time_ratio_ours_over_stock": ours["median_step_s"] / stock["median_step_s"],
+            "peak_memory_ratio_ours_over_stock": (ours["peak_gib"] / stock["peak_gib"]) if stock["peak_gib"] else None,
+        }
+    return out
+
+
+def seed004_run(args, workdir: Path) -> dict:
+    """Seed 004's recipe under a 24 GiB cap against the preflight's estimate of the same setup."""
+    import importlib.util
+
+    import torch
+
+    from trl_ext.preflight import load_model_shape, plan_batches, stated_values
+    from trl_ext.preflight.memory import estimate_memory
+    from trl_ext.preflight.plan import RunContext, training_setup
+
+    model = save_random_model("Qwen/Qwen2.5-1.5B-Instruct", workdir / "qwen25", args.smoke)
+    extra = [] if importlib.util.find_spec("bitsandbytes") else ["--optim", "adamw_torch_fused"]
+    if args.smoke:
+        extra += ["--rollout_batch_size", "8", "--train_batch_size", "8", "--n_grpo_steps", "1"]
+    parsed, argv = recipe_args(SEED004, "gsm8k", model, str(workdir / "seed004"), args, extra)
+    cap = None
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        cap = min(1.0, args.cap_gib / total)
+        torch.cuda.set_per_process_memory_fraction(cap)
+    layout = plan_batches(stated_values(SEED004, argv), 1)
+    context = RunContext(gpu_memory_gib=args.cap_gib, check_packages=False)
+    setup = training_setup("gsm8k", *parsed, layout, context)
+    shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    estimate = estimate_memory(shape, setup)  # the full-size model: the smoke run's tiny one is not compared
+    try:
+        result = run_trainer("ours", parsed, "gsm8k")
+    except torch.OutOfMemoryError as err:
+        result = {"error": f"out of memory under the cap: {err}"[:400]}
+    finally:
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    return {
+        "cap_gib": args.cap_gib,
+        "optim": str(getattr(parsed[1].optim, "value", parsed[1].optim)),
+        "generator": setup.generator,
+        "estimate_tensors_gib": estimate.tensors_bytes / 2**30,
+        "estimate_peak_gib": estimate.peak_gib,
+        "estimate_phases_gib": {k: estimate.phase_total(k) / 2**30 for k in estimate.phases},
+        **result,
+        "estimate_predicts_oom": estimate.peak_gib > args.cap_gib,
+        "measured_over_estimate": (
+            result["peak_gib"] / (estimate.tensors_bytes / 2**30)
+            if result.get("peak_gib") and not args.smoke
+            else None
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import platform
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny config, a couple of steps (no GPU numbers).")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (the first is not timed).")
+    parser.add_argument("--rollout", type=int, default=64, help="Completions per rollout and per optimizer step.")
+    parser.add_argument("--cap-gib", type=float, default=24.0, help="Memory cap of the seed-004 run.")
+    parser.add_argument("--skip-seed004", action="store_true")
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.rollout = min(args.steps, 2), 8
+    elif not torch.cuda.is_available():
+        parser.error("no GPU visible: run with --smoke for the CPU check of this script")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = {
+            "benchmark": "ours vs stock TRL on seed000_drgrpo_l256, per precision mode; seed004 under a memory cap",
+            "smoke": args.smoke,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+            "torch": torch.__version__,
+            "steps": args.steps,
+            "rollout": args.rollout,
+            "precision": precision_runs(args, Path(tmp)),
+        }
+        if not args.skip_seed004:
+            report["seed004"] = seed004_run(args, Path(tmp))
+    report["seconds"] = time.perf_counter() - start
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    for mode, runs in report["precision"].items():
+        print(
+            f"{mode}: step time ours/stock {runs['step_time_ratio_ours_over_stock']:.3f}, peak memory ours/stock "
+            f"{runs['peak_memory_ratio_ours_over_stock'] or float('nan'):.3f}"
+        )
+    print(f"wrote {out} ({report['seconds']:.0f} s)")
+    return report
+
+
+if __name__ == "__main__":
+    main()
