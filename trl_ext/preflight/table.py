@@ -47,13 +47,12 @@ class TableRow:
 
 
 def grpo_recipes(root: Path = ROOT) -> list[str]:
-    """Every GRPO recipe YAML under recipes/ (SFT and the shared root defaults aside)."""
+    """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT and the
+    shared root defaults aside)."""
+    from trl_ext.recipes import TASK_DEFAULTS
+
     recipes = root / "recipes"
-    return sorted(
-        p.relative_to(recipes).as_posix()
-        for p in recipes.rglob("*.yaml")
-        if p.parent.name in ("countdown", "gsm8k", "math")
-    )
+    return sorted(p.relative_to(recipes).as_posix() for p in recipes.rglob("*.yaml") if p.parent.name in TASK_DEFAULTS)
 
 
 def _server_mode(recipe: Path) -> bool:
