@@ -34,8 +34,9 @@ from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, pla
 
 # Longest prompt in tokens (Qwen tokenizer, chat template where the recipe uses it) of each task's shipped data,
 # measured on ../shared/data: Countdown train_10k (countdown prompt, chat 266; tinyzero 99), GSM8K train (299),
-# MATH12k train (r1_zero 1742). Batches are padded to their longest prompt, so the maximum is what memory sees.
-PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742}
+# MATH12k train (r1_zero 1742), the kissing problem (232, chat, no thinking). Batches are padded to their longest
+# prompt, so the maximum is what memory sees.
+PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742, "kissing": 232}
 DEFAULT_PROMPT_TOKENS = 512
 TRL_GROUP_PORT = 51216
 TRL_SERVER_PORT = 8000
