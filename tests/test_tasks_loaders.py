@@ -222,14 +222,17 @@ def test_math500_ground_truth_is_the_answer_field(shared_data):
 
 
 def test_math12k_train(shared_data):
-    """The subset holds the first 16 train rows, then upstream rows 1165 and 8125, the two with an empty answer."""
+    """The subset holds the first 16 train rows, then upstream rows 1165 and 8125 (empty answer) and 4012 and 10891
+    (answer "None", a missing value written out): a loader keeping "None" would train on an ungradable answer."""
     path = shared_path("math", "math12k_train_subset.jsonl")
     raw = read_jsonl(path)
-    # The two empty-answer rows are dropped with a warning that names them (rows 16 and 17 here), the rest load.
-    with pytest.warns(UserWarning, match=r"dropped 2 row\(s\) with an empty 'answer'.*rows \[16, 17\]"):
+    # The four rows without an answer are dropped with a warning that names them (rows 16-19 here), the rest load.
+    dropped = r"dropped 4 row\(s\) with an empty or missing-value 'answer'.*rows \[16, 17, 18, 19\]"
+    with pytest.warns(UserWarning, match=dropped):
         dataset = load_task("math", path, prompt="question_only")
     kept = raw[:16]
-    assert len(raw) == 18 and len(dataset) == len(kept) == 16
+    assert len(raw) == 20 and len(dataset) == len(kept) == 16
+    assert [row["answer"] for row in raw[16:]] == ["", "", "None", "None"]
     assert dataset.column_names == ["prompt", "question", "ground_truth"]
     assert dataset["prompt"][:20] == [row["problem"] for row in kept[:20]]
     assert dataset["ground_truth"] == [row["answer"] for row in kept]

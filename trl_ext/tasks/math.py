@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from trl_ext.rewards.ground_truth import MISSING_MARKERS
 from trl_ext.tasks._io import as_text, build_dataset, convert_rows, first_field, read_rows
 from trl_ext.tasks.prompts import format_prompt, get_prompt
 
@@ -20,6 +21,11 @@ DEFAULT_PROMPT = "r1_zero"
 COLUMNS = ["prompt", "question", "ground_truth"]
 #: Columns kept when the source has them (MATH-500 does), for per-subject / per-level breakdowns.
 EXTRA_COLUMNS = ("solution", "subject", "level", "unique_id")
+
+
+def _missing_answer(answer: Any) -> bool:
+    """An `answer` string that holds no answer: empty, or what a missing value becomes when written out."""
+    return isinstance(answer, str) and (not answer.strip() or answer.strip().lower() in MISSING_MARKERS)
 
 
 def load_math(
@@ -44,8 +50,9 @@ def load_math(
 
     Returns:
         A `datasets.Dataset` with columns `prompt`, `question`, `ground_truth` (the `answer` string), plus those of
-        `solution`, `subject`, `level`, `unique_id` the source has. Rows whose `answer` is an empty string are
-        dropped with a warning naming them; any other malformed row raises `RowError`.
+        `solution`, `subject`, `level`, `unique_id` the source has. Rows whose `answer` is an empty string or a
+        missing-value marker (`"None"`, `"nan"`, `"null"`, `"<NA>"`) are dropped with a warning naming them; any
+        other malformed row raises `RowError`.
     """
     prompt = prompt or DEFAULT_PROMPT
     if prompt not in PROMPT_NAMES:
@@ -54,15 +61,17 @@ def load_math(
     if source is None:
         source = TRAIN_HUB_ID if (split or "train").split("[")[0].strip() == "train" else TEST_HUB_ID
     rows, origin = read_rows(source, split=split, config=config, data_files=data_files, limit=limit)
-    # hiyouga/math12k has two problems whose `answer` is "" (rows 1165 and 8125 of train): nothing can grade them,
-    # and failing would make the real training set unloadable, so they are dropped loudly. A missing field raises.
-    empty = {i for i, row in rows if isinstance(row.get("answer"), str) and not row["answer"].strip()}
-    if empty:
+    # hiyouga/math12k has two problems whose `answer` is "" (train rows 1165 and 8125) and two whose `answer` is the
+    # string "None" (rows 4012 and 10891: a missing value written out; their true answers are 2 and 9). Nothing can
+    # grade them, and failing would make the real training set unloadable, so they are dropped loudly.
+    missing = {i for i, row in rows if _missing_answer(row.get("answer"))}
+    if missing:
         warnings.warn(
-            f"{origin}: dropped {len(empty)} row(s) with an empty 'answer' (nothing to grade): rows {sorted(empty)}",
+            f"{origin}: dropped {len(missing)} row(s) with an empty or missing-value 'answer' (nothing to grade): "
+            f"rows {sorted(missing)}",
             stacklevel=2,
         )
-        rows = [(i, row) for i, row in rows if i not in empty]
+        rows = [(i, row) for i, row in rows if i not in missing]
     extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0][1]]
 
     def convert(row: dict) -> dict:
