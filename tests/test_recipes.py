@@ -82,6 +82,20 @@ DIFFS = {
     "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type", "epsilon"}),
     **OFF_POLICY,
     "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type", "epsilon"}),
+    # issue 17's ablations on the 4-steps-per-rollout grid point, each also with vLLM's importance-sampling fix
+    "countdown/dapo.yaml": (
+        "countdown/offpolicy_e1_tb64.yaml",
+        {"epsilon_high", "length_normalization", "dynamic_sampling", "max_generation_batches", "reward_funcs"},
+    ),
+    "countdown/rloo.yaml": (
+        "countdown/offpolicy_e1_tb64.yaml",
+        {"advantage_type", "use_std_normalization", "advantage_eps"},
+    ),
+    "countdown/gspo.yaml": ("countdown/offpolicy_e1_tb64.yaml", {"pg_loss_type", "epsilon", "epsilon_high"}),
+    **{
+        f"countdown/{name}_is.yaml": (f"countdown/{name}.yaml", {"vllm_importance_sampling_correction"})
+        for name in ("dapo", "rloo", "gspo")
+    },
     # the seeds' exact precision: bf16 weights and AdamW states (the references keep fp32 master weights)
     **{
         f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})

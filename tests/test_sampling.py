@@ -223,8 +223,13 @@ def _hand_built_batch(rounds: list[dict], target_groups: int, pad_id: int, eps: 
     }
 
 
-@pytest.mark.parametrize("pg_loss_type", ["grpo_clip", "reinforce_with_baseline"])
-def test_built_batch_equals_a_batch_built_by_hand_from_the_kept_groups(char_tokenizer, tmp_path, pg_loss_type):
+@pytest.mark.parametrize(
+    ("pg_loss_type", "length_normalization"),
+    [("grpo_clip", "masked_mean"), ("reinforce_with_baseline", "masked_mean"), ("grpo_clip", "token_mean")],
+)
+def test_built_batch_equals_a_batch_built_by_hand_from_the_kept_groups(
+    char_tokenizer, tmp_path, pg_loss_type, length_normalization
+):
     """Catches rows taken from the wrong generation batch, padding on the wrong side or of the wrong width, vLLM
     entries or advantages misaligned with their rows, and a token count left at one generation batch's."""
     # Only varied prompts to draw from: the second generation batch overfills the batch (3 varied groups for 2).
@@ -235,7 +240,7 @@ def test_built_batch_equals_a_batch_built_by_hand_from_the_kept_groups(char_toke
         VARIED,
         pg_loss_type=pg_loss_type,
         max_generation_batches=8,
-        length_normalization="masked_mean",
+        length_normalization=length_normalization,  # token_mean divides by num_items_in_batch
     )
     trainer.rounds = []
     # The first batch keeps one group of two, so more must be drawn; its dropped prompt is the longest of all, so
