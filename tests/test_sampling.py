@@ -354,3 +354,33 @@ def test_training_steps_see_no_equal_reward_group(char_tokenizer, tmp_path, per_
     assert max(log["dynamic_sampling/generation_batches"] for log in logs) > 1  # uniform groups were dropped
     moved = max((p.detach() - before[n]).abs().max().item() for n, p in trainer.model.named_parameters())
     assert moved > 0
+
+
+class RowShaping:
+    """A shaping reward (as `soft_overlong` is: `shaping = True`) that differs on every row: -0.1 x row index."""
+
+    __name__ = "row_shaping"
+    shaping = True
+
+    def __call__(self, completions, **kwargs):
+        return [-0.1 * i for i in range(len(completions))]
+
+
+def test_shaping_reward_does_not_keep_an_equal_accuracy_group(char_tokenizer, tmp_path):
+    """A shaping reward makes the "=" group's total rewards differ, yet the group is judged on the task reward
+    alone, as DAPO filters on accuracy: it is dropped (here: it becomes the filler at a cap of 1)."""
+    trainer = make_trainer(
+        char_tokenizer,
+        tmp_path,
+        reward=[equal_or_varied_reward, RowShaping()],
+        dataset=_dataset(),
+        num_generations=GROUP,
+        per_device_train_batch_size=2 * GROUP,
+        dynamic_sampling=True,
+        max_generation_batches=1,
+    )
+    _generate(trainer, ["=a", "xyz"])
+    total = trainer._gathered_rewards.sum(dim=1).view(-1, GROUP)  # (groups, G), trained order
+    assert list(trainer._logs["prompt"])[::GROUP] == ["xyz", "=a"]
+    assert total[1].amax() > total[1].amin()  # the "=" group's total reward varies...
+    assert _metrics(trainer)["groups_kept"] == 1  # ...but it was not kept
