@@ -139,6 +139,23 @@ def test_vllm_sampling_kwargs_are_the_seeds():
         "min_tokens": 0,  # a recipe's generation_kwargs min_tokens under `trl-ext eval --recipe`
     }
     assert vllm_engine_kwargs(cfg) == {"model": "m", "seed": 5, "dtype": "auto"}
+    gpu = vllm_engine_kwargs(cfg, max_model_len=1100)
+    assert gpu == {"model": "m", "seed": 5, "dtype": "auto", "max_model_len": 1100}
+
+
+def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
+    """On vLLM's CPU build the float32 default stays float32 (vLLM's `auto` would run a float32 checkpoint in
+    bfloat16 and the backends would disagree), and the KV cache gets an explicit size unless vLLM's own
+    VLLM_CPU_KVCACHE_SPACE sets it (else vLLM reserves 90% of the machine's RAM)."""
+    from trl_ext.evaluation.vllm_backend import CPU_KV_CACHE_BYTES
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = EvalConfig(model="m", seed=5)
+    expected = {"model": "m", "seed": 5, "dtype": "float32", "enforce_eager": True, "max_model_len": 300}
+    assert vllm_engine_kwargs(cfg, 300, cpu=True) == {**expected, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert vllm_engine_kwargs(cfg, 300, cpu=True) == expected
+    assert vllm_engine_kwargs(EvalConfig(model="m", dtype="bfloat16"), cpu=True)["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize(

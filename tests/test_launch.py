@@ -500,3 +500,49 @@ def test_real_accelerate_launch_gets_the_training_gpu(rig):
     assert seen == {"argv": ["--config", str(rig.config), "--seed", "3"], "cuda": "1", "cpu": "False"}
     assert json.loads(rig.server_record.read_text())["cuda"] == "0"
     _assert_all_gone(rig.server_record)
+
+
+# Who can reach the server (pure: no process started; the real server's bind is tested in test_vllm_launch.py).
+
+
+def test_server_binds_loopback_on_one_machine_whatever_the_recipe_host(rig):
+    """TRL's default `vllm_server_host` is 0.0.0.0, which as a bind address exposes the weight-update endpoints of
+    a VLLM_SERVER_DEV_MODE=1 server to the network. On one machine the server binds 127.0.0.1; a recipe host the
+    trainer could not reach it at (the machine's name, `::`) is replaced for the trainer, with a note."""
+    accel = CONFIGS / "vllm_server_gpu0_train_gpu1.yaml"
+    plan = plan_launch(accel, rig.recipe, rig.config, ["--vllm_server_host", "0.0.0.0"], num_gpus=2)
+    assert plan.server.argv[plan.server.argv.index("--host") + 1] == "127.0.0.1" and plan.host == "127.0.0.1"
+    assert plan.trainer.argv[-2:] == ("--vllm_server_host", "0.0.0.0")  # 0.0.0.0 connects to the local host
+    assert "the server binds 127.0.0.1" in plan.render()
+    named = plan_launch(accel, rig.recipe, rig.config, ["--vllm_server_host", socket.gethostname()], num_gpus=2)
+    assert named.server.argv[named.server.argv.index("--host") + 1] == "127.0.0.1"
+    assert named.trainer.argv[-2:] == ("--vllm_server_host", "127.0.0.1")
+    assert f"instead of {socket.gethostname()}" in named.render()
+    url = plan_launch(accel, rig.recipe, rig.config, ["--vllm_server_base_url", f"http://[::]:{rig.port}"], num_gpus=2)
+    assert url.trainer.argv[-2:] == ("--vllm_server_base_url", f"http://127.0.0.1:{rig.port}")
+
+
+def test_server_binds_the_recipe_host_when_training_spans_machines(rig):
+    two_nodes = rig.dir / "two_nodes.yaml"
+    two_nodes.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nnum_machines: 2\ngpu_ids: '1'\n")
+    plan = plan_launch(two_nodes, rig.recipe, rig.config, ["--vllm_server_host", "0.0.0.0"], num_gpus=2)
+    assert plan.server.argv[plan.server.argv.index("--host") + 1] == "0.0.0.0"
+    assert "spans 2 machines: the server binds 0.0.0.0, reachable from the network" in plan.render()
+    assert "firewall it" in plan.render()
+
+
+def test_cpu_build_without_gpus_serves_on_the_cpu(rig, monkeypatch):
+    """With vLLM's CPU build and no GPU the server runs on the CPU (one process, no CUDA_VISIBLE_DEVICES); without
+    the CPU build the same machine still has no GPU for the server."""
+    import trl_ext.launch.planning as planning
+
+    monkeypatch.setattr(planning, "vllm_cpu_build", lambda: True)
+    plan = plan_launch(CONFIGS / "cpu.yaml", rig.recipe, rig.config, num_gpus=0)
+    assert plan.server.env == {} and plan.server_gpus == ()
+    assert plan.server.argv[plan.server.argv.index("--tensor-parallel-size") + 1] == "1"
+    assert "on the CPU (vLLM's CPU build, no GPU found)" in plan.render()
+    with pytest.raises(LaunchError, match="CPU build serves from one process"):
+        plan_launch(CONFIGS / "cpu.yaml", rig.recipe, rig.config, num_gpus=0, vllm_tp=2)
+    monkeypatch.setattr(planning, "vllm_cpu_build", lambda: False)
+    with pytest.raises(LaunchError, match="no free GPU left for the vLLM server"):
+        plan_launch(CONFIGS / "cpu.yaml", rig.recipe, rig.config, num_gpus=0)

@@ -28,6 +28,7 @@ from trl_ext.objectives import (
     policy_objective,
 )
 from trl_ext.sampling import DynamicSamplingMixin
+from trl_ext.vllm_sync import install_colocate_weight_sync
 
 # Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
@@ -150,6 +151,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
+        install_colocate_weight_sync(self)  # TRL's colocated weight sync fails on vLLM's CPU backend
         # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)

@@ -42,7 +42,9 @@ def register(app: typer.Typer) -> None:
         output_dir: str = typer.Option("eval_results", help="Output folder."),
         backend: str = typer.Option("auto", help="auto, transformers, vllm."),
         batch_size: int = typer.Option(64, help="Sequences per generate call (transformers backend)."),
-        dtype: str = typer.Option("float32", help="Model dtype (transformers backend)."),
+        dtype: str = typer.Option(
+            "float32", help="Model dtype (transformers, vLLM CPU); vLLM on GPU: float32 = the checkpoint's dtype."
+        ),
         reward: str | None = typer.Option(None, help="countdown, r1_zero, question_only (default: from task/prompt)."),
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:

@@ -30,7 +30,8 @@ class EvalConfig:
         output_dir: where the results go (one `L<max_tokens>/` folder per budget).
         backend: `auto` (vLLM when installed and a GPU is present, else transformers), `vllm`, `transformers`.
         batch_size: sequences per `generate` call (transformers backend).
-        dtype: model dtype for the transformers backend (`float32`, `bfloat16`).
+        dtype: model dtype (`float32`, `bfloat16`) of the transformers backend and of vLLM's CPU build; for vLLM on a
+            GPU, `float32` (the default) means the checkpoint's dtype.
         reward: `countdown`, `r1_zero`, `question_only`; None: from the task and prompt.
         ns: the N values of pass@N / Best@N (those above n are skipped).
         num_examples: examples kept per category in `summary.json`.

@@ -146,7 +146,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
 
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(cfg.model)
         texts = render_prompts(prompts, tokenizer, cfg.chat_template_kwargs)
-        samples = generate_vllm(cfg, texts)
+        samples = generate_vllm(cfg, texts, tokenizer)
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     else:
         if model is None:

@@ -146,6 +146,7 @@ class RecipeServing:
     host: str = TRL_DEFAULT_HOST
     port: int = TRL_DEFAULT_PORT
     output_dir: str | None = None
+    base_url: str | None = None
 
     @property
     def server_mode(self) -> bool:
@@ -197,6 +198,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         host=host,
         port=port,
         output_dir=None if output_dir is None else str(output_dir),
+        base_url=str(base_url) if base_url else None,
     )
 
 

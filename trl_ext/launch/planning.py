@@ -23,6 +23,24 @@ from trl_ext.launch.configs import AccelerateSetup, LaunchError, read_accelerate
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
 HEALTH_PATH = "/health"
+# `trl vllm-serve` sets VLLM_SERVER_DEV_MODE=1: its weight-update and cache endpoints answer anyone who reaches the
+# port. On one machine only the trainer needs it, so the server listens on loopback only.
+SERVER_BIND_HOST = "127.0.0.1"
+# Trainer-side hosts that reach a server bound to 127.0.0.1 (Linux connects 0.0.0.0 to the local host).
+_LOOPBACK_CLIENT_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", ""}
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (`make install` without CUDA); reads package metadata only."""
+    import importlib.metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return name == "vllm-cpu" or "cpu" in version
+    return False
 
 
 def detect_gpus(num_gpus: int | None = None, environ: dict[str, str] | None = None) -> tuple[list[str], str]:
@@ -174,7 +192,7 @@ def server_command(
     `template` replaces it (tests and custom servers): a shell-style string formatted with `{model}`, `{host}`,
     `{port}`, `{tp}`, `{dp}`, `{gpus}`, `{python}`.
     """
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}  # no GPUs: vLLM's CPU build
     if template is not None:
         fields = {"model": model, "host": host, "port": port, "tp": tp, "dp": dp, "gpus": ",".join(gpus)}
         fields["python"] = sys.executable
@@ -284,45 +302,83 @@ def plan_launch(
 
     available, source = detect_gpus(num_gpus, environ)
     train, free = split_gpus(setup, available, source)
-    if not free:
+    on_cpu = not available and vllm_cpu_build()
+    if on_cpu:
+        if (vllm_tp or 1) * (vllm_dp or 1) > 1:
+            raise LaunchError(f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}")
+        server_gpus, tp, dp = [], 1, 1
+    elif not free:
         raise LaunchError(
             f"no free GPU left for the vLLM server: accelerate config {setup.path} trains on {train} and "
             f"{len(available)} GPU(s) are available (from {source}): {available}. Train on fewer GPUs "
             "(`gpu_ids`, `num_processes`), or use `vllm_mode: colocate`"
         )
-    server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp)
+    else:
+        server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp)
     report = launch_preflight(
         setup, recipe, config, extra_args, train, server_gpus, tp, gpu_memory_gb, check_packages=check_packages
     )
     port = (
         next((p.port for p in report.ports if p.field == "vllm_server_port"), serving.port) if report else serving.port
     )
-    server = server_command(serving.model, serving.host, port, tp, dp, server_gpus, vllm_args, server_cmd)
+    bind_host, extra_args, bind_note = _bind(setup, serving, list(extra_args), port)
+    server = server_command(serving.model, bind_host, port, tp, dp, server_gpus, vllm_args, server_cmd)
     # The trainer sees only its own GPUs, so nothing in it can touch the server's.
     trainer_env = {"CUDA_VISIBLE_DEVICES": ",".join(train)}
     extra = [*extra_args, *(report.trainer_flags() if report else [])]
     trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
     log_root = Path(log_dir) if log_dir is not None else Path(serving.output_dir or "runs/launch")
-    connect_host = "127.0.0.1" if serving.host in ("", "0.0.0.0", "::") else serving.host
+    connect_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::") else bind_host
     idle = [gpu for gpu in free if gpu not in server_gpus]
+    where = "the CPU (vLLM's CPU build, no GPU found)" if on_cpu else f"GPU(s) {','.join(server_gpus)}"
     note = (
-        f"vLLM server mode: {serving.model} on GPU(s) {','.join(server_gpus)} (tp {tp}, dp {dp}), training on "
+        f"vLLM server mode: {serving.model} on {where} (tp {tp}, dp {dp}), training on "
         f"{','.join(train) or 'CPU'}; {len(available)} GPU(s) from {source}"
         + (f"; idle: {','.join(idle)}" if idle else "")
     )
     return LaunchPlan(
         trainer=trainer,
         server=server,
-        host=serving.host,
+        host=bind_host,
         port=port,
         health_url=f"http://{_url_host(connect_host)}:{port}{HEALTH_PATH}",
         server_log=log_root / f"vllm_server_{port}.log",
         train_gpus=tuple(train),
         server_gpus=tuple(server_gpus),
-        notes=(note,),
+        notes=(note, bind_note),
         preflight=report.render() if report else "",
         report=report,
     )
+
+
+def _bind(setup: AccelerateSetup, serving, extra_args: list[str], port: int) -> tuple[str, list[str], str]:
+    """The server's bind host, the trainer's recipe args, and the plan's note about who can reach the server.
+
+    One machine: the server binds 127.0.0.1; a recipe host that would not reach it there (the machine's name,
+    `::`) is replaced for the trainer by `--vllm_server_host 127.0.0.1` (or `--vllm_server_base_url`). Several
+    machines (`num_machines > 1`): the server binds the recipe's host (TRL's default 0.0.0.0), reachable from the
+    network, and the note says so.
+    """
+    if setup.num_machines > 1:
+        host = serving.host or "0.0.0.0"
+        return (
+            host,
+            extra_args,
+            (
+                f"the plan spans {setup.num_machines} machines: the server binds {host}, reachable from the network; "
+                f"with VLLM_SERVER_DEV_MODE=1 (set by trl vllm-serve) anyone who reaches port {port} can replace the "
+                "weights: firewall it to the training machines"
+            ),
+        )
+    note = f"the server binds {SERVER_BIND_HOST} (one machine: only this machine can reach port {port})"
+    if serving.host not in _LOOPBACK_CLIENT_HOSTS:
+        if serving.base_url:
+            flag = ["--vllm_server_base_url", f"http://{SERVER_BIND_HOST}:{port}"]
+        else:
+            flag = ["--vllm_server_host", SERVER_BIND_HOST]
+        extra_args = [*extra_args, *flag]
+        note += f"; the trainer gets {shlex.join(flag)} instead of {serving.host}"
+    return SERVER_BIND_HOST, extra_args, note
 
 
 def _url_host(host: str) -> str:

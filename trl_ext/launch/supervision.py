@@ -226,21 +226,46 @@ class _SignalGuard:
                 signal.signal(sig, old)
 
 
+def _wait_trainer(trainer: subprocess.Popen, server: ServerProcess | None, poll: float, wait: float) -> int:
+    """The trainer's exit code; raises LaunchError if the server exits first (see `run_launch`)."""
+    while True:
+        try:
+            return trainer.wait(timeout=poll)
+        except subprocess.TimeoutExpired:
+            pass
+        server_code = None if server is None or server.proc is None else server.proc.poll()
+        if server_code is None:
+            continue
+        try:
+            after = f"the trainer then exited with code {trainer.wait(timeout=wait)}"
+        except subprocess.TimeoutExpired:
+            after = f"the trainer was still running {wait:g} s later and was stopped"
+        raise LaunchError(
+            f"the vLLM server exited with code {server_code} while the trainer was running; {after}. "
+            f"Last lines of {server.log_path}:\n{server.tail()}"
+        )
+
+
 def run_launch(
     plan: LaunchPlan,
     *,
     health_timeout: float = 900.0,
     grace: float = 10.0,
     poll_interval: float = 1.0,
+    server_exit_wait: float = 90.0,
     echo=print,
 ) -> int:
     """Runs a `LaunchPlan`: the server (if any) until healthy, then the trainer; always stops both.
+
+    If the server exits while the trainer runs, the trainer gets `server_exit_wait` s to fail on its own (TRL's
+    client retries a lost connection for about 60 s before it raises), then both are stopped.
 
     Returns:
         The trainer's exit code, or `128 + signal` when the launcher was interrupted (130 for Ctrl-C).
 
     Raises:
-        LaunchError: port in use, server exited early, health timeout (the server is stopped first).
+        LaunchError: port in use, server exited early, health timeout, server exited while the trainer ran (its exit
+            code and last log lines in the message; everything is stopped first).
     """
     if plan.server is not None:
         check_port_free(plan.host or "", plan.port or TRL_DEFAULT_PORT)
@@ -265,7 +290,7 @@ def run_launch(
                 )
             except OSError as exc:
                 raise LaunchError(f"could not start the trainer `{plan.trainer.render()}`: {exc}") from exc
-            code = trainer.wait()
+            code = _wait_trainer(trainer, server, poll_interval, server_exit_wait)
         except _Interrupted as exc:
             interrupted = exc.signum
             code = 128 + exc.signum

@@ -1,0 +1,135 @@
+"""GRPO in vLLM colocate mode on the CPU engine, with records for tests/test_vllm_colocate.py.
+
+Usage: vllm_colocate.py OUT_DIR [STEPS]. Trains `AblationGRPOTrainer` (`use_vllm=True, vllm_mode="colocate"`,
+importance-sampling correction on) on a tiny Qwen3 and writes OUT_DIR/result.json with, per generation: the
+log-probs the engine returned for the sampled tokens, a plain forward's log-probs of the same tokens with the
+weights that sampled them, and TRL's importance-sampling ratio; and, before training and after the last step's
+weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
+FIXED_PROMPT, FIXED_COMPLETION = "12+3=", "15 fifteen"
+
+
+def id_reward(completion_ids, **kwargs) -> list[float]:
+    """`(sum of token ids mod 5) / 4`: deterministic, with spread inside most groups."""
+    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+def forward_logps(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    """Log-probs of `completion_ids` after `prompt_ids` from one plain forward (no TRL code)."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([prompt_ids + completion_ids])
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (T, V)
+        logps = torch.log_softmax(logits, dim=-1)
+        return logps.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def engine_logps(llm, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    """Log-probs of `completion_ids` after `prompt_ids` from the engine (its prompt log-probs, temperature 1)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+    out = llm.generate([{"prompt_token_ids": prompt_ids + completion_ids}], params, use_tqdm=False)[0]
+    positions = out.prompt_logprobs[len(prompt_ids) :]
+    return [pos[tok].logprob for pos, tok in zip(positions, completion_ids, strict=True)]
+
+
+def main(out_dir: Path, steps: int) -> None:
+    # One process plays rank 0 of 1, as accelerate would set it; vLLM's colocate engine reads these.
+    with socket.socket() as probe:  # a free rendezvous port: other runs may be training beside this one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; TRL passes no KV size, 1 is the variable's least
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm_helpers import save_engine_model
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+
+    torch.set_num_threads(1)
+    path = save_engine_model(out_dir / "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)  # name_or_path: the engine loads the same checkpoint
+    records: list[dict] = []
+
+    class RecordingTrainer(AblationGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            mask = batch["completion_mask"].bool()
+            rows = []
+            for i in range(mask.size(0)):
+                prompt = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+                completion = batch["completion_ids"][i][mask[i]].tolist()
+                rows.append(
+                    {
+                        "engine": batch["sampling_per_token_logps"][i][mask[i]].tolist(),
+                        "forward": forward_logps(self.model, prompt, completion),
+                        "is_ratio": batch["importance_sampling_ratio"][i].flatten().tolist(),
+                    }
+                )
+            records.append({"step": self.state.global_step, "rows": rows})
+            return batch
+
+    args = AblationGRPOConfig(
+        output_dir=str(out_dir / "run"),
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=steps,
+        max_completion_length=8,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        learning_rate=5e-2,
+        seed=0,
+        bf16=False,
+        disable_dropout=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=64,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="sequence_mask",
+    )
+    trainer = RecordingTrainer(
+        model,
+        id_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        processing_class=tokenizer,
+    )
+    llm = trainer.vllm_generation.llm
+    fixed_prompt = tokenizer(FIXED_PROMPT, add_special_tokens=False)["input_ids"]
+    fixed = tokenizer(FIXED_COMPLETION, add_special_tokens=False)["input_ids"]
+    before = {"engine": engine_logps(llm, fixed_prompt, fixed), "trainer": forward_logps(model, fixed_prompt, fixed)}
+    trainer.train()
+    trainer.vllm_generation.sync_weights()  # the last step's weights; TRL syncs at the next generation
+    after = {"engine": engine_logps(llm, fixed_prompt, fixed), "trainer": forward_logps(model, fixed_prompt, fixed)}
+    result = {
+        "global_step": trainer.state.global_step,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "clip_max": args.vllm_importance_sampling_clip_max,
+        "generations": records,
+        "fixed_before": before,
+        "fixed_after": after,
+        "engine_dtype": str(llm.llm_engine.model_config.dtype),
+    }
+    (out_dir / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: they must not rerun this
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 3)

