@@ -35,10 +35,10 @@ run: install
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py --demo
 
 # Without CUDA the real-engine tests (tests/test_vllm_*.py) must run: a missing vLLM CPU build fails them, not skips.
-# --dist loadgroup: the tests of an `xdist_group` share one worker, so each module's engine starts once.
+# --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a vLLM engine) starts once.
 test: install assets
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
-		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

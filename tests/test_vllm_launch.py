@@ -30,7 +30,7 @@ LOGP_TOL = 1e-4  # float32 server vs float32 forward
 SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-memory-bytes {KV_CACHE_BYTES}"
 REFUSED = 111  # ECONNREFUSED
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm_launch")]
+pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
