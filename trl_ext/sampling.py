@@ -12,8 +12,9 @@ backward and only dilutes the batch mean. With `dynamic_sampling` on, each rollo
    generated, draws a fresh batch of prompts from the training set (each repeated `num_generations` times and split
    across processes as TRL's `RepeatSampler` lays them out) and goes back to 1;
 4. builds the batch from the first kept groups in generation order; when the cap stops it short, it fills the
-   remaining places with the dropped groups in generation order (advantage 0 under a group baseline: the loss is
-   that of the kept groups times their share of the batch, as without dynamic sampling) and logs how many;
+   remaining places with the dropped groups in generation order (advantage 0 under a group baseline: without a KL
+   term the loss is that of the kept groups times their share of the batch, as without dynamic sampling) and logs
+   how many;
 5. gathers each generation batch's tensors from all processes, pads prompts on the left and completions on the
    right to common widths, and hands each process its contiguous slice, so every rank trains on the same number of
    rows; `num_items_in_batch` (token-mean losses) is recounted over the built batch.
