@@ -8,8 +8,11 @@ missing piece, when the run reports it did not apply.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -120,8 +123,9 @@ def test_writing_outside_the_working_directory_is_refused(tmp_path):
 
 def test_writing_outside_through_libc_is_refused_by_the_kernel():
     """Past the audit hook: a read-only root (namespaces) or a private uid (root) must stop the write. The target
-    is in the checkout, which the sandbox sees (a path under /tmp would simply not exist behind its private /tmp)."""
-    outside = tempfile.mkdtemp(dir=Path(__file__).resolve().parents[1], prefix=".sandbox_probe_")
+    is in the interpreter's prefix, which the sandbox always sees (a path elsewhere under /tmp, where a CI clone may
+    live, would simply not exist behind its private /tmp)."""
+    outside = tempfile.mkdtemp(dir=sys.prefix, prefix=".sandbox_probe_")
     os.chmod(outside, 0o777)  # writable by anyone: only the read-only mount can stop the write
     target = Path(outside) / "escaped.txt"
     source = (
@@ -229,3 +233,38 @@ def test_limits_are_validated():
         SandboxLimits(processes=1)
     with pytest.raises(TypeError, match="source must be a str"):
         run_python(b"points = []")
+
+
+def test_an_interpreter_under_tmp_stays_visible_and_read_only():
+    """A clone and its virtual environment under /tmp (as CI may place them) must survive the sandbox's private
+    /tmp: catches a tmpfs mounted over /tmp without the interpreter's paths bound back (every program then ended
+    with status 70), and bound-back paths that are writable or that bring the rest of /tmp along."""
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="trl_ext_venv_probe_"))
+    try:
+        base.chmod(0o755)  # as a clone's folder: the sandbox's private uid may traverse it
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")], check=True, timeout=120)
+        site = next((base / "venv" / "lib").glob("python*/site-packages"))
+        outer = [str(Path(__file__).resolve().parents[1])] + [p for p in sys.path if p and os.path.isdir(p)]
+        (site / "outer.pth").write_text("\n".join(outer) + "\n")  # this checkout and the test's packages
+        (base / "secret.txt").write_text("beside the venv, not part of the interpreter")
+        program = (
+            "import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = libc.open((sys.prefix + '/escaped.txt').encode(), os.O_CREAT | os.O_WRONLY, 0o644)\n"
+            f"points = [[sys.prefix, fd, ctypes.get_errno(), os.path.exists({str(base / 'secret.txt')!r})]]"
+        )
+        runner = "import json, sys\nfrom trl_ext.rewards.sandbox import run_python\n"
+        runner += "print(json.dumps(run_python(sys.argv[1])))"
+        python = str(base / "venv" / "bin" / "python")
+        proc = subprocess.run([python, "-c", runner, program], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout)
+        if not result["isolation"].get("private_tmp"):
+            pytest.skip(f"no private /tmp (mount namespace) on this machine: {result['isolation']}")
+        assert result["error"] is None, result
+        prefix, fd, errno, sees_secret = result["value"][0]
+        assert prefix == str(base / "venv")
+        assert fd == -1 and errno in (13, 30)  # EACCES (private uid) or EROFS (read-only bind)
+        assert sees_secret is False
+        assert not (base / "venv" / "escaped.txt").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -6,7 +6,8 @@ Trusted code only; the model's program starts after the `execve` at the end. Ste
 1. New namespaces (`unshare`): network (no interfaces up, so no network), mount and PID; as a non-root user inside a
    new user namespace that maps only the caller's own ids.
 2. In the mount namespace: the whole tree remounted read-only; private size-capped tmpfs over /tmp, /var/tmp and
-   /dev/shm; the program's working directory is a fresh /tmp/work. As root, directories the sandbox user may not
+   /dev/shm (with the interpreter's own paths under them, e.g. a virtual environment in /tmp, bound back
+   read-only); the program's working directory is a fresh /tmp/work. As root, directories the sandbox user may not
    traverse on the way to the interpreter (a 0700 /root holding pyenv) are covered by a tmpfs with only the
    interpreter bound back, which also hides the rest of them.
 3. As root: a per-run unused uid/gid (so RLIMIT_NPROC counts only this run's processes and file permissions apply);
@@ -35,7 +36,7 @@ import stat
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
 MNT_DETACH, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 2, -100, 0x8000, 1
 SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64
 PR_SET_PDEATHSIG = 1
@@ -97,10 +98,15 @@ def _interpreter_paths() -> list[str]:
     return sorted(os.path.realpath(p) for p in paths)
 
 
+def _outermost(paths: list[str]) -> list[str]:
+    """`paths` without those inside another of them (binding the outer one brings them along)."""
+    return [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+
+
 def _hide_blocked(blocked: dict[str, list[str]], stage: str) -> None:
     """Cover each blocked directory with a tmpfs holding only the interpreter's paths (bound back from a stage)."""
     for ancestor, keep in blocked.items():
-        keep = [p for p in keep if not any(p != q and p.startswith(q + "/") for q in keep)]
+        keep = _outermost(keep)
         staged = []
         for path in keep:
             point = os.path.join(stage, str(len(os.listdir(stage))))
@@ -112,6 +118,23 @@ def _hide_blocked(blocked: dict[str, list[str]], stage: str) -> None:
             os.makedirs(path, 0o755, exist_ok=True)
             _mount(point, path, None, MS_BIND | MS_REC)
             _check(libc.umount2(point.encode(), MNT_DETACH), f"umount {point}")
+
+
+def _private_tmpfs(directory: str, keep: list[str], data: str, stage: str) -> None:
+    """Mount a fresh tmpfs over `directory`, with the interpreter's paths inside it (`keep`) bound back.
+
+    A virtual environment under /tmp (a CI checkout, `python -m venv /tmp/x`) would otherwise vanish under the private
+    /tmp. The tmpfs is filled at a staging point first and then moved over `directory`, since once mounted there the
+    paths to bind back are gone. The bound paths stay read-only: bind mounts keep the read-only flag of the root.
+    """
+    fresh = os.path.join(stage, f"tmpfs{len(os.listdir(stage))}")
+    os.mkdir(fresh, 0o700)
+    _mount("tmpfs", fresh, "tmpfs", MS_NOSUID | MS_NODEV, data)
+    for path in keep:
+        inside = os.path.join(fresh, os.path.relpath(path, directory))
+        os.makedirs(inside, 0o755, exist_ok=True)
+        _mount(path, inside, None, MS_BIND | MS_REC)
+    _mount(fresh, directory, None, MS_MOVE)
 
 
 def _user_tasks(uid: int) -> int:
@@ -175,9 +198,12 @@ def _isolate(config: dict, source: bytes) -> tuple[dict, str]:
     if "mount" in iso["namespaces"]:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            # Relative to the working directory (the run directory, under the real /tmp): the stage stays
+            # reachable after a new tmpfs covers /tmp.
+            os.chdir(rundir)
+            stage = "stage"
+            os.mkdir(stage, 0o700)
             if blocked:
-                stage = os.path.join(rundir, "stage")
-                os.mkdir(stage, 0o700)
                 _hide_blocked(blocked, stage)
                 iso["hidden"], blocked = sorted(blocked), {}
             try:
@@ -185,9 +211,13 @@ def _isolate(config: dict, source: bytes) -> tuple[dict, str]:
                 iso["read_only_root"] = True
             except OSError as err:
                 iso["read_only_error"] = str(err)
+            _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=1m")  # writable under a read-only /
+            interpreter = _interpreter_paths()
             for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
                 if os.path.isdir(tmp) and not os.path.islink(tmp):
-                    _mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(limits['tmpfs_mb'])}m,mode=1777")
+                    keep = _outermost([p for p in interpreter if p.startswith(os.path.realpath(tmp) + "/")])
+                    _private_tmpfs(tmp, keep, f"size={int(limits['tmpfs_mb'])}m,mode=1777", stage)
+                    iso.setdefault("bound_back", []).extend(keep)
             os.mkdir(WORKDIR, 0o700)
             with open(os.path.join(WORKDIR, "program.py"), "wb") as f:
                 f.write(source)
