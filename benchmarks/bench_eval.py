@@ -29,8 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+from _data import data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TRL_EXT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "eval.json"
 FALLBACK_QUESTION = "A farmer has 12 cows and buys 7 more. Each cow gives 3 liters of milk. How many liters in total?"
 

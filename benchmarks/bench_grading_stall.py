@@ -26,8 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from _data import data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TRL_EXT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "grading_stall.json"
 BATCH = 512
 BOMB_FRACTION = 0.05

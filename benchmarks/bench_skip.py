@@ -1,8 +1,8 @@
 """`skip_zero_advantage_completions` on vs off: CPU time of the loss's forward + backward on identical batches.
 
 One process, one `AblationGRPOTrainer` (GRPO: std on, masked_mean, grpo_clip) on a tiny Qwen3-architecture network
-with the real 151,669-token Qwen3 vocabulary when `../shared/data/qwen3_tokenizer` (or
-`$TRL_EXT_SHARED_DATA/qwen3_tokenizer`) exists, else the character tokenizer. Per iteration: generate one batch
+with the real 151,669-token Qwen3 vocabulary from `qwen3_tokenizer` in the data folder (`benchmarks/_data.py`; the
+repository's tests/data has it), else the character tokenizer. Per iteration: generate one batch
 (8 prompts x 4 completions, fixed seed), set the advantages of whole groups to 0 so that a share `z` of the
 completions has A = 0 (Countdown's `frac_reward_zero_std` runs at 0.6-0.7 in the embedded default), then time
 `_compute_loss` + backward with the skip off and on, alternately (order flipped every iteration). Prints the median
@@ -23,8 +23,10 @@ import statistics
 import time
 from pathlib import Path
 
+from _data import data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TRL_EXT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "skip.json"
 PROMPTS = [
     "Using the numbers 3, 5 and 7, make 22.",

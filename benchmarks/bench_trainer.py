@@ -4,8 +4,8 @@ Pairs (the same objective, see tests/test_trainer_equivalence.py):
     grpo     stock loss_type="grpo",    scale_rewards="group"  vs ours std on,  masked_mean,      grpo_clip
     dr_grpo  stock loss_type="dr_grpo", scale_rewards="none"   vs ours std off, masked_normalize, grpo_clip
 
-Model: a tiny Qwen3-architecture network with the real 151,669-token Qwen3 vocabulary when
-`../shared/data/qwen3_tokenizer` (or `$TRL_EXT_SHARED_DATA/qwen3_tokenizer`) exists, else the character tokenizer.
+Model: a tiny Qwen3-architecture network with the real 151,669-token Qwen3 vocabulary from `qwen3_tokenizer` in the
+data folder (`benchmarks/_data.py`; the repository's tests/data has it), else the character tokenizer.
 Each run is its own subprocess (so peak RSS does not mix between runs), runs alternate stock/ours with the order
 flipped every repeat (ABBA), the first step of each run is warm-up and excluded. Prints the median step-time ratio
 (per-step CPU time of the training process, robust to other jobs on a shared CPU; wall time is recorded too) and the
@@ -28,8 +28,10 @@ import sys
 import time
 from pathlib import Path
 
+from _data import data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TRL_EXT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "trainer.json"
 GOAL = 1.03
 PAIRS_AB = ("stock", "ours")
