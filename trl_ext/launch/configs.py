@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trl_ext.preflight.plan import cli_overrides
+
 # TRL 1.16 GRPOConfig defaults for the server the trainer connects to.
 TRL_DEFAULT_HOST = "0.0.0.0"
 TRL_DEFAULT_PORT = 8000
@@ -203,23 +205,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
 
 
 def _serving_overrides(args: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if token.startswith("--"):
-            key, has_value, value = token[2:].partition("=")
-            key = key.replace("-", "_")
-            if key in _SERVING_KEYS:
-                if has_value:
-                    out[key] = value
-                elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                    out[key] = args[i + 1]
-                    i += 1
-                else:  # a bare boolean flag, e.g. `--use_vllm`
-                    out[key] = "true"
-        i += 1
-    return out
+    return {key: value for key, value in cli_overrides(args).items() if key in _SERVING_KEYS}
 
 
 def _as_bool(value, what: str) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from trl_ext.launch.configs import TRL_DEFAULT_PORT, LaunchError
 from trl_ext.launch.planning import Command, LaunchPlan
+from trl_ext.preflight.environment import port_is_free
 
 
 class _Interrupted(BaseException):
@@ -33,18 +33,11 @@ class _Interrupted(BaseException):
 
 def check_port_free(host: str, port: int) -> None:
     """Raises LaunchError if something already listens on `host:port` (checked by binding it, as the server will)."""
-    bind_host = "" if host in ("", "0.0.0.0") else host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR as uvicorn sets it: a port in TIME_WAIT is free for the server, a listening one is not.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((bind_host, port))
-        except OSError as exc:
-            raise LaunchError(
-                f"port {port} on {host or '0.0.0.0'} is already in use ({exc.strerror}): another vLLM server? Stop it "
-                f"or pick another port (`vllm_server_port` in the recipe, or `--vllm_server_port N` after it)"
-            ) from None
+    if not port_is_free(port, host):
+        raise LaunchError(
+            f"port {port} on {host or '0.0.0.0'} is already in use: another vLLM server? Stop it "
+            f"or pick another port (`vllm_server_port` in the recipe, or `--vllm_server_port N` after it)"
+        )
 
 
 def _group_alive(pgid: int) -> bool:
