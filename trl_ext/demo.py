@@ -103,6 +103,12 @@ class DemoConfig:
     grpo_warmup_steps: int = field(default=0, metadata={"help": "GRPO linear warmup steps."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range of the GRPO surrogate."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of GRPO rollouts."})
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop equal-reward groups, generate more (see docs/dynamic_sampling.md)."
+        },
+    )
     skip_zero_advantage: bool = field(
         default=True,
         metadata={
@@ -438,6 +444,7 @@ def run_grpo(
         epsilon=cfg.epsilon,
         temperature=cfg.temperature,
         skip_zero_advantage_completions=cfg.skip_zero_advantage,
+        dynamic_sampling=cfg.dynamic_sampling,
         top_p=1.0,
         top_k=0,
         log_completions=False,
