@@ -1,0 +1,149 @@
+"""The embedded default's knobs: `DemoConfig`, its command-line flags and the checks that run before any model."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class DemoConfig:
+    """Every knob of the embedded default; `python -m trl_ext.demo --help` lists them."""
+
+    output_dir: str = field(default="runs/countdown_demo", metadata={"help": "Run folder (created)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the model init, the training problems and training."})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = min(number of CPUs, 4)."})
+    wandb: bool = field(default=True, metadata={"help": "Log to a wandb run (WANDB_MODE defaults to offline)."})
+    init_model: str = field(
+        default="", metadata={"help": "Start from this saved model (e.g. a run's `sft_model`), skipping SFT."}
+    )
+    # model (trl_ext.tiny.build_tiny_qwen3)
+    hidden_size: int = field(default=128, metadata={"help": "Model width."})
+    num_layers: int = field(default=4, metadata={"help": "Transformer blocks."})
+    num_heads: int = field(default=4, metadata={"help": "Attention heads."})
+    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
+    intermediate_size: int = field(default=256, metadata={"help": "MLP width."})
+    # task
+    max_number: int = field(default=20, metadata={"help": "Problems use 3 numbers in 1..max_number."})
+    max_target: int = field(default=100, metadata={"help": "Targets lie in 1..max_target."})
+    num_train_problems: int = field(
+        default=12000, metadata={"help": "Distinct training problems: the labelled ones first, the rest unlabelled."}
+    )
+    num_labelled: int = field(
+        default=512,
+        metadata={"help": "Training problems whose solutions SFT and the control see; GRPO gets the others."},
+    )
+    num_eval_problems: int = field(default=512, metadata={"help": "Held-out problems (fixed seed EVAL_SEED)."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem at temperature 1."})
+    curve_points: int = field(
+        default=10, metadata={"help": "Held-out greedy accuracy at this many evenly spaced steps of each phase."}
+    )
+    # SFT warm start on the labelled problems
+    sft_steps: int = field(default=300, metadata={"help": "SFT optimizer steps."})
+    sft_batch_size: int = field(default=128, metadata={"help": "SFT (and control) examples per step."})
+    sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT peak learning rate (linear decay)."})
+    sft_warmup_steps: int = field(default=20, metadata={"help": "SFT linear warmup steps."})
+    sft_all_solutions: bool = field(
+        default=True,
+        metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
+    )
+    # GRPO on the unlabelled problems
+    grpo_steps: int = field(default=1000, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
+    grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO optimizer step."})
+    rollout_batch_size: int = field(
+        default=0, metadata={"help": "Completions per rollout (a multiple of --grpo_batch_size); 0 = grpo_batch_size."}
+    )
+    epochs_per_rollout: int = field(
+        default=1, metadata={"help": "Passes over each rollout batch (> 1 is off-policy: the clip matters)."}
+    )
+    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (group size)."})
+    max_completion_length: int = field(default=24, metadata={"help": "Longest completion in tokens."})
+    learning_rate: float = field(default=2e-4, metadata={"help": "GRPO peak learning rate."})
+    lr_scheduler_type: str = field(default="linear", metadata={"help": "GRPO learning-rate schedule."})
+    grpo_warmup_steps: int = field(default=0, metadata={"help": "GRPO linear warmup steps."})
+    epsilon: float = field(default=0.2, metadata={"help": "Clip range of the GRPO surrogate."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of GRPO rollouts."})
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave completions with advantage 0 (groups whose rewards are all equal) out of the loss's "
+            "forward and backward: same gradient, faster steps (AblationGRPOConfig.skip_zero_advantage_completions)."
+        },
+    )
+    # SFT-only control: more SFT on the labelled problems, from the same start, for GRPO's CPU time
+    control: bool = field(
+        default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
+    )
+    control_steps: int = field(
+        default=1500,
+        metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
+    )
+    control_learning_rate: float = field(
+        default=1e-3, metadata={"help": "Control peak learning rate (linear warmup, then linear decay)."}
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> DemoConfig:
+    """`DemoConfig` from command-line flags (`--grpo_steps 50`, `--no-wandb`, ...)."""
+    from trl_ext.demo import __doc__ as demo_doc
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trl_ext.demo",
+        description=(demo_doc or "").split("\n")[0],
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for f in fields(DemoConfig):
+        if f.type == "bool":
+            parser.add_argument(
+                f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"]
+            )
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type]
+            parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"])
+    cfg = DemoConfig(**vars(parser.parse_args(argv)))
+    check(cfg)
+    return cfg
+
+
+def check(cfg: DemoConfig) -> None:
+    """Bad sizes fail here, before any model is built; each message names the flag."""
+    positive = [
+        "num_train_problems",
+        "num_eval_problems",
+        "sft_batch_size",
+        "grpo_batch_size",
+        "num_generations",
+        "max_completion_length",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "epochs_per_rollout",
+    ]
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    non_negative = ["sft_steps", "grpo_steps", "grpo_warmup_steps", "control_steps", "eval_samples", "curve_points"]
+    for name in non_negative + ["threads"]:
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if not 0 < cfg.num_labelled < cfg.num_train_problems:
+        raise ValueError(
+            f"--num_labelled must lie in 1..{cfg.num_train_problems - 1} (--num_train_problems leaves the rest "
+            f"unlabelled for GRPO), got {cfg.num_labelled}"
+        )
+    if cfg.num_generations < 2:
+        raise ValueError(f"--num_generations must be >= 2 (a group needs a baseline), got {cfg.num_generations}")
+    if cfg.grpo_batch_size % cfg.num_generations:
+        raise ValueError(
+            f"--grpo_batch_size ({cfg.grpo_batch_size}) must be a multiple of "
+            f"--num_generations ({cfg.num_generations})"
+        )
+    if cfg.rollout_batch_size < 0 or cfg.rollout_batch_size % cfg.grpo_batch_size:
+        raise ValueError(
+            f"--rollout_batch_size ({cfg.rollout_batch_size}) must be 0 or a multiple of "
+            f"--grpo_batch_size ({cfg.grpo_batch_size})"
+        )
+    if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError("--hidden_size must be divisible by --num_heads, and --num_heads by --num_kv_heads")

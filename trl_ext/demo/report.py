@@ -1,0 +1,102 @@
+"""What the demo reports: the paired sign test, the GRPO-versus-control table and `curve.png`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def paired_sign_test(before: list[int], after: list[int]) -> dict:
+    """Exact two-sided sign test on paired per-problem results (0/1 correctness or counts of correct samples).
+
+    `gained` counts problems where `after > before`, `lost` those where `after < before`; ties carry no information
+    and drop out. p = P(min(lost, gained) this extreme | each untied problem is a fair coin), doubled, capped at 1
+    (for 0/1 results this is the exact McNemar test).
+    """
+    lost = sum(1 for b, a in zip(before, after, strict=True) if a < b)
+    gained = sum(1 for b, a in zip(before, after, strict=True) if a > b)
+    n = lost + gained
+    tail = sum(math.comb(n, k) for k in range(min(lost, gained) + 1)) / 2**n if n else 1.0
+    return {"lost": lost, "gained": gained, "p_value": min(1.0, 2 * tail)}
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Arm `b` against arm `a` (held-out results of `heldout.evaluate`): point differences and paired sign tests."""
+    out = {"greedy_points": round(100 * (b["greedy_accuracy"] - a["greedy_accuracy"]), 2)}
+    out["greedy_test"] = paired_sign_test(a["greedy_correct"], b["greedy_correct"])
+    if "sampled_correct" in a and "sampled_correct" in b:
+        out["sampled_points"] = round(100 * (b["sampled_accuracy"] - a["sampled_accuracy"]), 2)
+        out["sampled_test"] = paired_sign_test(a["sampled_correct"], b["sampled_correct"])
+        k = next(key for key in b if key.startswith("pass@"))
+        out["pass_points"] = round(100 * (b[k] - a[k]), 2)
+    return out
+
+
+def _pct(r: dict, key: str) -> str:
+    return f"{100 * r[key]:.1f}%" if key in r else "-"
+
+
+def comparison_table(rows: list[tuple[str, dict, dict | None]], num_problems: int) -> str:
+    """A plain-text table: one row per arm `(name, held-out result, clock or None)`."""
+    pass_key = next((k for _, r, _ in rows for k in r if k.startswith("pass@")), "pass@k")
+    header = f"{'held-out (' + str(num_problems) + ' problems)':<34} {'greedy':>7} {'sampled':>8} {pass_key:>7}"
+    lines = [header + f" {'steps':>6} {'train CPU s':>11}"]
+    for name, r, clock in rows:
+        cells = f"{name:<34} {_pct(r, 'greedy_accuracy'):>7} {_pct(r, 'sampled_accuracy'):>8} {_pct(r, pass_key):>7}"
+        if clock:
+            cells += f" {clock['steps']:>6} {clock['train_cpu_s']:>11.0f}"
+        lines.append(cells)
+    return "\n".join(lines)
+
+
+def plot_curve(metrics: dict, path: Path) -> None:
+    """Held-out greedy accuracy against training CPU seconds (SFT warm start before 0, then GRPO and the control
+    from the same start at 0), with sampled accuracy at each phase's ends; and the GRPO training reward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = metrics["arms"]
+    start = arms["start"]["heldout"]
+    fig, (ax_acc, ax_reward) = plt.subplots(1, 2, figsize=(12, 4.2))
+    sft = [c for c in metrics["curve"] if c["phase"] == "sft"]
+    if sft:
+        offset = sft[-1]["train_cpu_s"]
+        xs = [-offset] + [c["train_cpu_s"] - offset for c in sft]
+        ys = [metrics["random_init"]["greedy_accuracy"]] + [c["greedy_accuracy"] for c in sft]
+        ax_acc.plot(xs, [100 * y for y in ys], marker=".", color="gray", label="SFT warm start (labelled)")
+    colors = {"grpo": "tab:blue", "control": "tab:orange"}
+    labels = {"grpo": "GRPO (unlabelled, verifier)", "control": "SFT-only control (labelled)"}
+    for arm in ("grpo", "control"):
+        if arm not in arms:
+            continue
+        points = [(0.0, start["greedy_accuracy"])]
+        points += [(c["train_cpu_s"], c["greedy_accuracy"]) for c in metrics["curve"] if c["phase"] == arm]
+        ax_acc.plot(
+            [x for x, _ in points], [100 * y for _, y in points], marker="o", color=colors[arm], label=labels[arm]
+        )
+        end = arms[arm]
+        if "sampled_accuracy" in end["heldout"]:
+            ax_acc.plot(
+                [0.0, end["clock"]["train_cpu_s"]],
+                [100 * start["sampled_accuracy"], 100 * end["heldout"]["sampled_accuracy"]],
+                marker="s",
+                linestyle="--",
+                color=colors[arm],
+                alpha=0.6,
+                label=f"{arm} sampled (T=1)",
+            )
+    ax_acc.axvline(0.0, color="gray", linestyle=":")
+    ax_acc.set(
+        xlabel="training CPU seconds (held-out evaluations excluded; 0 = end of the warm start)",
+        ylabel="held-out accuracy (%)",
+        title=f"greedy accuracy, {len(start['greedy_correct'])} held-out problems",
+    )
+    ax_acc.legend(fontsize=8)
+    log = [h for h in metrics.get("grpo_log", []) if "reward" in h]
+    ax_reward.plot([h["step"] for h in log], [h["reward"] for h in log], marker=".")
+    ax_reward.set(xlabel="GRPO step", ylabel="mean reward of rollouts", title="GRPO training reward")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

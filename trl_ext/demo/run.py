@@ -1,0 +1,244 @@
+"""`main` of the embedded default: warm start, GRPO and the SFT-only control, then the comparison and its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from trl_ext.demo.config import DemoConfig, parse_args
+from trl_ext.demo.data import DEMO_CHARS, make_splits, problem_key, split_labelled
+from trl_ext.demo.heldout import evaluate
+from trl_ext.demo.phases import cpu_seconds, run_grpo, run_sft
+from trl_ext.demo.report import compare, comparison_table, plot_curve
+
+GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
+GPU_COMMAND = (
+    "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
+    f"recipes/countdown.py --config {GPU_RECIPE}"
+)
+
+
+def _start_wandb(cfg: DemoConfig, out: Path):
+    """An offline wandb run in the run folder, or None (with a warning) when wandb cannot start."""
+    if not cfg.wandb:
+        return None
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        import wandb
+
+        return wandb.init(project="trl_ext-demo", name=out.name, dir=str(out), config=asdict(cfg))
+    except Exception as exc:  # noqa: BLE001 - any wandb failure must not cost the user the run
+        warnings.warn(
+            f"wandb run could not start ({type(exc).__name__}: {exc}); continuing without wandb", stacklevel=2
+        )
+        return None
+
+
+def _load(path: Path | str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def _fmt(r: dict) -> str:
+    parts = [f"greedy {100 * r['greedy_accuracy']:.1f}%"]
+    parts += [f"sampled (T=1) {100 * r['sampled_accuracy']:.1f}%"] if "sampled_accuracy" in r else []
+    parts += [f"{k} {100 * v:.1f}%" for k, v in r.items() if k.startswith("pass@")]
+    return ", ".join(parts)
+
+
+def _summary_lines(metrics: dict) -> list[str]:
+    """The comparison: the table, then GRPO minus control with the paired sign tests."""
+    arms = metrics["arms"]
+    rows = [(f"SFT start ({metrics['num_labelled']} labelled)", arms["start"]["heldout"], None)]
+    names = {"grpo": "GRPO (unlabelled, verifier only)", "control": "SFT-only control (labelled)"}
+    rows += [(names[a], arms[a]["heldout"], arms[a]["clock"]) for a in ("grpo", "control") if a in arms]
+    lines = comparison_table(rows, metrics["num_eval_problems"]).split("\n")
+    for label, key in (("GRPO - SFT start", "grpo_vs_start"), ("GRPO - control", "grpo_vs_control")):
+        c = metrics.get(key)
+        if not c:
+            continue
+        text = f"{label}: greedy {c['greedy_points']:+.1f} points (sign test p = {c['greedy_test']['p_value']:.2g}, "
+        text += f"{c['greedy_test']['gained']} gained / {c['greedy_test']['lost']} lost)"
+        if "sampled_points" in c:
+            text += f", sampled {c['sampled_points']:+.1f} points (p = {c['sampled_test']['p_value']:.2g}), "
+            text += f"pass@k {c['pass_points']:+.1f} points"
+        lines.append(text)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the embedded default; returns the metrics written to `<output_dir>/metrics.json`."""
+    started, cpu_started = time.perf_counter(), cpu_seconds()
+    cfg = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # OpenMP's default (spinning workers) is fastest on an otherwise idle machine: 40 GRPO steps took 32 s wall
+    # against 42 s with OMP_WAIT_POLICY=PASSIVE on 2 idle cores. On a machine shared with other jobs, export
+    # OMP_WAIT_POLICY=PASSIVE yourself: there spinning made a step 3x slower (wall) and 4x costlier (CPU time).
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    phases: dict[str, dict] = {}
+
+    def mark(name: str, since: tuple[float, float]) -> tuple[float, float]:
+        now = (time.perf_counter(), cpu_seconds())
+        phases[name] = {"wall_s": round(now[0] - since[0], 2), "cpu_s": round(now[1] - since[1], 2)}
+        return now
+
+    t = (started, cpu_started)
+    import datasets
+    import torch
+
+    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    datasets.disable_progress_bars()
+    torch.set_num_threads(cfg.threads or min(os.cpu_count() or 1, 4))
+    random.seed(cfg.seed)
+    t = mark("imports", t)
+    print(f"[demo] Countdown: GRPO vs SFT-only control on CPU, seed {cfg.seed}, {torch.get_num_threads()} threads "
+          f"-> {out}", flush=True)  # fmt: skip
+
+    train, held_out = make_splits(cfg)
+    overlap = {problem_key(p) for p in train} & {problem_key(p) for p in held_out}
+    if overlap:  # the generator honours `exclude`; this guards the claim the numbers rest on
+        raise RuntimeError(f"{len(overlap)} held-out problems also appear in training")
+    labelled, unlabelled = split_labelled(train, cfg.num_labelled)
+    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
+    model = build_tiny_qwen3(
+        tokenizer,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=64,
+        seed=cfg.seed,
+    )
+    num_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"[demo] {num_params:,} parameters; {len(labelled)} labelled and {len(unlabelled)} unlabelled training "
+        f"problems, {len(held_out)} held-out",
+        flush=True,
+    )
+    t = mark("build", t)
+
+    wandb_run = _start_wandb(cfg, out)
+    report_to = "wandb" if wandb_run is not None else "none"
+    t = mark("wandb_start", t)
+
+    initial = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
+    curve: list[dict] = []
+    arms: dict[str, dict] = {}
+    start_dir = out / "sft_model"
+    if cfg.init_model:
+        model, start_dir = _load(cfg.init_model), Path(cfg.init_model)
+        print(f"[demo] loaded {cfg.init_model}; no SFT", flush=True)
+    elif cfg.sft_steps:
+        points, clock = run_sft(
+            cfg, "sft", model, tokenizer, labelled, held_out, out / "sft", cfg.sft_steps, cfg.sft_learning_rate,
+            report_to, wandb_run,
+        )  # fmt: skip
+        curve += points
+        arms["sft"] = {"clock": clock}
+        model.save_pretrained(start_dir)
+        tokenizer.save_pretrained(start_dir)
+    t = mark("sft", t)
+
+    arms["start"] = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
+    print(f"[demo] start of GRPO and control: {_fmt(arms['start']['heldout'])}", flush=True)
+    t = mark("eval_start", t)
+
+    grpo_log: list[dict] = []
+    if cfg.grpo_steps:
+        trainer, points, clock = run_grpo(
+            cfg, model, tokenizer, unlabelled, held_out, out / "grpo", report_to, wandb_run
+        )
+        curve += points
+        grpo_log = [h for h in trainer.state.log_history if "reward" in h or "train_runtime" in h]
+        model = trainer.model
+        arms["grpo"] = {
+            "clock": clock,
+            "heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length),
+        }
+        model.save_pretrained(out / "final")
+        tokenizer.save_pretrained(out / "final")
+        print(f"[demo] after GRPO ({clock['steps']} steps): {_fmt(arms['grpo']['heldout'])}", flush=True)
+        del trainer, model
+    t = mark("grpo", t)
+
+    if cfg.control and cfg.control_steps:
+        model = _load(start_dir)
+        points, clock = run_sft(
+            cfg, "control", model, tokenizer, labelled, held_out, out / "control", cfg.control_steps,
+            cfg.control_learning_rate, report_to, wandb_run,
+        )  # fmt: skip
+        curve += points
+        arms["control"] = {
+            "clock": clock,
+            "heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length),
+        }
+        model.save_pretrained(out / "control_model")
+        tokenizer.save_pretrained(out / "control_model")
+        print(f"[demo] after the control ({clock['steps']} SFT steps): {_fmt(arms['control']['heldout'])}", flush=True)
+    t = mark("control", t)
+
+    metrics = {
+        "config": asdict(cfg),
+        "num_parameters": num_params,
+        "num_labelled": len(labelled),
+        "num_unlabelled": len(unlabelled),
+        "num_eval_problems": len(held_out),
+        "held_out_overlap_with_train": len(overlap),
+        "random_init": {k: v for k, v in initial.items() if k != "greedy_correct"},
+        "arms": arms,
+        "curve": curve,
+        "grpo_log": grpo_log,
+        "phases": phases,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    if "grpo" in arms:
+        metrics["grpo_vs_start"] = compare(arms["start"]["heldout"], arms["grpo"]["heldout"])
+    if "grpo" in arms and "control" in arms:
+        metrics["grpo_vs_control"] = compare(arms["control"]["heldout"], arms["grpo"]["heldout"])
+        metrics["cpu_ratio_grpo_to_control"] = round(
+            arms["grpo"]["clock"]["train_cpu_s"] / max(arms["control"]["clock"]["train_cpu_s"], 1e-9), 3
+        )
+    plot_curve(metrics, out / "curve.png")
+    if wandb_run is not None:
+        for arm, entry in arms.items():
+            floats = {f"{arm}/{k}": v for k, v in entry.get("heldout", {}).items() if isinstance(v, float)}
+            wandb_run.summary.update(floats)
+        metrics["wandb_dir"] = str(Path(wandb_run.dir).parent)
+        wandb_run.finish()
+    metrics["total"] = {
+        "wall_s": round(time.perf_counter() - started, 2),
+        "cpu_s": round(cpu_seconds() - cpu_started, 2),
+        # From process start: the interpreter and the imports before `main` count toward the time goal too.
+        "process_wall_s": round(time.time() - _process_start_time(), 2),
+        "process_cpu_s": round(cpu_seconds(), 2),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+
+    for line in _summary_lines(metrics):
+        print(f"[demo] {line}", flush=True)
+    print(
+        f"[demo] wall {metrics['total']['process_wall_s']:.0f} s, CPU {metrics['total']['process_cpu_s']:.0f} s "
+        f"(since the process started); wrote {out / 'metrics.json'}, {out / 'curve.png'}",
+        flush=True,
+    )
+    print(f"[demo] the real experiment (2 GPUs, vLLM on GPU 0, training on GPU 1):\n  {GPU_COMMAND}", flush=True)
+    return metrics
+
+
+def _process_start_time() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
