@@ -1,4 +1,5 @@
-"""The embedded default (`trl_ext.demo`) in a reduced size: the pipeline learns, and what it writes is true."""
+"""The embedded default (`trl_ext.demo`) in a reduced size: GRPO on unlabelled problems beats more SFT on the
+labelled ones, and what the run writes is true."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ import random
 import pytest
 
 from trl_ext import demo
+from trl_ext.demo.phases import curve_steps
+from trl_ext.demo.report import comparison_table
 
-# Reduced run: a smaller model and SFT that fit the test budget; GRPO only a few steps (the full run is `make run`).
+# Reduced run (the full one is `make run`): a 3-number Countdown with numbers up to 12 and targets up to 50, a smaller model, 64 labelled
+# problems, GRPO on the other 1,936 and the control on the 64 for about the same CPU time. Deterministic seeds.
 SMALL = [
-    "--num_train_problems", "3000", "--num_eval_problems", "128", "--eval_samples", "2",
+    "--num_train_problems", "2000", "--num_labelled", "64", "--max_number", "12", "--max_target", "50",
+    "--num_eval_problems", "256", "--eval_samples", "4",
+    "--hidden_size", "64", "--num_layers", "2", "--intermediate_size", "128",
     "--sft_steps", "150", "--sft_batch_size", "64", "--sft_learning_rate", "5e-3",
-    "--grpo_steps", "4", "--grpo_batch_size", "32", "--num_generations", "4", "--max_completion_length", "16",
-    "--curve_every", "50", "--threads", "1", "--seed", "0",
-    "--no-sft_all_solutions",  # one form per problem is learnt in fewer steps than many
+    "--grpo_steps", "60", "--grpo_batch_size", "64", "--num_generations", "8", "--max_completion_length", "16",
+    "--learning_rate", "1e-3", "--control_steps", "60", "--control_learning_rate", "1e-3",
+    "--curve_points", "3", "--threads", "1", "--seed", "0",
 ]  # fmt: skip
 
 
@@ -27,7 +33,7 @@ def reduced_run(tmp_path_factory):
     return out, metrics
 
 
-def _plain_greedy_correct(model_dir, problems) -> list[int]:
+def _plain_greedy_correct(model_dir, problems, max_new_tokens: int = 16) -> list[int]:
     """Independent re-scoring: one prompt at a time, a plain argmax loop with no `generate` and no padding."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -42,7 +48,7 @@ def _plain_greedy_correct(model_dir, problems) -> list[int]:
         for p in problems:
             ids = tok(compact_prompt(p["nums"], p["target"]), return_tensors="pt")["input_ids"]  # (1, T)
             prompt_len = ids.shape[1]
-            for _ in range(16):  # --max_completion_length
+            for _ in range(max_new_tokens):
                 nxt = model(input_ids=ids).logits[0, -1].argmax()
                 if nxt.item() == tok.eos_token_id:
                     break
@@ -65,6 +71,34 @@ def test_held_out_is_fixed_and_disjoint_from_training():
     assert {demo.problem_key(p) for p in train0} != {demo.problem_key(p) for p in train1}  # the seed matters
 
 
+def test_unlabelled_problems_carry_no_solution_and_do_not_overlap_the_labelled():
+    """Catches GRPO seeing solutions (a `solution` key left on its rows) or training on the labelled problems."""
+    train, _ = demo.make_splits(demo.parse_args(["--num_train_problems", "300", "--num_eval_problems", "8"]))
+    labelled, unlabelled = demo.split_labelled(train, 40)
+    assert len(labelled) == 40 and len(unlabelled) == 260
+    assert all("solution" in p for p in labelled)
+    assert all(set(p) == {"nums", "target"} for p in unlabelled)
+    assert not {demo.problem_key(p) for p in labelled} & {demo.problem_key(p) for p in unlabelled}
+    rows = demo.grpo_dataset(unlabelled)
+    assert rows.column_names == ["prompt", "nums", "target"]
+
+
+def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_run):
+    """The demo's claim in miniature. Fails if GRPO learns nothing from the verifier (e.g. advantages of the wrong
+    sign, or a reward that ignores the answer), or if the arms are swapped in the report."""
+    _, m = reduced_run
+    start, grpo, control = (m["arms"][a]["heldout"] for a in ("start", "grpo", "control"))
+    assert grpo["greedy_reward"] > start["greedy_reward"] + 0.02, (start["greedy_reward"], grpo["greedy_reward"])
+    assert grpo["greedy_accuracy"] > start["greedy_accuracy"]
+    assert grpo["sampled_accuracy"] > control["sampled_accuracy"] + 0.05, (grpo, control)
+    assert grpo["greedy_accuracy"] > control["greedy_accuracy"]
+    assert m["grpo_vs_control"]["greedy_points"] == round(
+        100 * (grpo["greedy_accuracy"] - control["greedy_accuracy"]), 2
+    )
+    # The control really trained (its SFT loss fell on the labelled set) and spent GRPO's CPU time within 2x.
+    assert 0.5 < m["cpu_ratio_grpo_to_control"] < 2.0, m["cpu_ratio_grpo_to_control"]
+
+
 def _random_expression_accuracy(problems, seed=1) -> float:
     """Chance level: a random well-formed expression over the given numbers, e.g. `(a-b)*c`, scored by the reward."""
     from trl_ext.rewards import countdown_reward_fn
@@ -78,40 +112,41 @@ def _random_expression_accuracy(problems, seed=1) -> float:
     return hits / len(problems)
 
 
-def test_sft_lifts_greedy_accuracy_from_zero(reduced_run):
+def test_sft_on_the_labelled_set_learns_the_format(reduced_run):
     _, m = reduced_run
     assert m["random_init"]["greedy_accuracy"] == 0.0
     assert m["random_init"]["greedy_tagged"] == 0.0  # a random model never closes an answer tag
-    assert m["before"]["greedy_tagged"] > 0.9  # SFT taught the format...
-    # ...and arithmetic beyond guessing: well above a random expression over the same numbers (~3.6% on 2000
-    # problems; 10.9% measured here on 128 unseen problems).
-    _, held_out = demo.make_splits(demo.parse_args(SMALL))
-    chance = _random_expression_accuracy(held_out)
-    assert m["before"]["greedy_accuracy"] >= max(0.07, 2 * chance), (m["before"]["greedy_accuracy"], chance)
+    assert m["arms"]["start"]["heldout"]["greedy_tagged"] > 0.9  # SFT on 64 problems taught the format
     assert m["held_out_overlap_with_train"] == 0
 
 
 def test_written_metrics_match_the_saved_models(reduced_run):
     out, m = reduced_run
     on_disk = json.loads((out / "metrics.json").read_text())
-    assert on_disk["before"]["greedy_accuracy"] == m["before"]["greedy_accuracy"]
-    cfg = demo.parse_args(SMALL)
-    _, held_out = demo.make_splits(cfg)
-    assert sum(m["before"]["greedy_correct"]) / len(held_out) == m["before"]["greedy_accuracy"]
+    assert on_disk["arms"]["grpo"]["heldout"]["greedy_accuracy"] == m["arms"]["grpo"]["heldout"]["greedy_accuracy"]
+    _, held_out = demo.make_splits(demo.parse_args(SMALL))
     # The logged per-problem results are reproduced by an independent decoder on the saved checkpoints (a slice of
     # the held-out set, to keep the test fast).
     n = 48
-    assert _plain_greedy_correct(out / "sft_model", held_out[:n]) == m["before"]["greedy_correct"][:n]
-    assert _plain_greedy_correct(out / "final", held_out[:n]) == m["after"]["greedy_correct"][:n]
-    assert sum(m["before"]["greedy_correct"][:n]) > 0  # the slice has something to agree on
-    # Every logged point of the curve and the GRPO log are where they should be.
-    assert [(c["phase"], c["step"]) for c in m["curve"]] == [("sft", 50), ("sft", 100), ("sft", 150), ("grpo", 4)]
-    assert m["curve"][-1]["greedy_accuracy"] == m["after"]["greedy_accuracy"]
-    assert m["grpo_steps_done"] == 4 and m["sft_steps_done"] == 150
+    for arm, folder in (("start", "sft_model"), ("grpo", "final"), ("control", "control_model")):
+        logged = m["arms"][arm]["heldout"]["greedy_correct"]
+        assert sum(logged) / len(held_out) == m["arms"][arm]["heldout"]["greedy_accuracy"]
+        assert _plain_greedy_correct(out / folder, held_out[:n]) == logged[:n], arm
+    assert sum(m["arms"]["grpo"]["heldout"]["greedy_correct"][:n]) > 0  # the slice has something to agree on
+    # Every logged point of the curve is where it should be, on a CPU clock that only moves forward.
+    assert [(c["phase"], c["step"]) for c in m["curve"]] == [
+        *[("sft", s) for s in (50, 100, 150)],
+        *[("grpo", s) for s in (20, 40, 60)],
+        *[("control", s) for s in (20, 40, 60)],
+    ]
+    for arm in ("grpo", "control"):
+        points = [c for c in m["curve"] if c["phase"] == arm]
+        cpu = [c["train_cpu_s"] for c in points]
+        assert 0 < cpu[0] < cpu[1] < cpu[2] <= m["arms"][arm]["clock"]["train_cpu_s"] + 0.5, (arm, cpu)
+        assert points[-1]["greedy_accuracy"] == m["arms"][arm]["heldout"]["greedy_accuracy"]
     rewards = [h["reward"] for h in m["grpo_log"] if "reward" in h]
     assert rewards and all(0.0 <= r <= 1.0 for r in rewards)
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "final" / "config.json").exists()
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))  # the wandb offline run
 
 
@@ -139,6 +174,32 @@ def test_paired_sign_test_by_hand():
     assert (r["lost"], r["gained"]) == (1, 3)
     assert math.isclose(r["p_value"], 0.625)
     assert demo.paired_sign_test([1, 0], [1, 0])["p_value"] == 1.0
+    # Counts of correct samples: ties (2 vs 2) drop out; 3 higher, 0 lower -> p = 2 * 1/8 = 0.25.
+    r = demo.paired_sign_test([0, 1, 2, 4], [3, 2, 2, 4 + 1])
+    assert (r["lost"], r["gained"], r["p_value"]) == (0, 3, 0.25)
+
+
+def test_compare_and_table_put_each_arm_in_its_place():
+    """Catches a swapped subtraction or a table row printing another arm's numbers."""
+    control = {"greedy_accuracy": 0.25, "greedy_correct": [1, 0, 0, 0], "sampled_accuracy": 0.125}
+    control |= {"sampled_correct": [1, 0, 0, 1], "pass@4": 0.5}
+    grpo = {"greedy_accuracy": 0.75, "greedy_correct": [1, 1, 1, 0], "sampled_accuracy": 0.5}
+    grpo |= {"sampled_correct": [4, 2, 2, 0], "pass@4": 0.75}
+    c = demo.compare(control, grpo)
+    assert (c["greedy_points"], c["sampled_points"], c["pass_points"]) == (50.0, 37.5, 25.0)
+    assert (c["greedy_test"]["gained"], c["greedy_test"]["lost"]) == (2, 0)
+    assert (c["sampled_test"]["gained"], c["sampled_test"]["lost"]) == (3, 1)
+    clock = {"steps": 10, "train_cpu_s": 12.3}
+    table = comparison_table([("control", control, clock), ("grpo", grpo, clock)], 4).split("\n")
+    assert table[1].split() == ["control", "25.0%", "12.5%", "50.0%", "10", "12"]
+    assert table[2].split() == ["grpo", "75.0%", "50.0%", "75.0%", "10", "12"]
+
+
+def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
+    assert curve_steps(1000, 10) == set(range(100, 1001, 100))
+    assert curve_steps(7, 3) == {2, 5, 7}
+    assert curve_steps(2, 5) == {1, 2}
+    assert curve_steps(100, 0) == set() and curve_steps(0, 5) == set()
 
 
 @pytest.mark.parametrize(
@@ -151,6 +212,9 @@ def test_paired_sign_test_by_hand():
         (["--grpo_batch_size", "64", "--rollout_batch_size", "96"], "--rollout_batch_size"),
         (["--epochs_per_rollout", "0"], "--epochs_per_rollout"),
         (["--grpo_warmup_steps", "-5"], "--grpo_warmup_steps"),
+        (["--control_steps", "-1"], "--control_steps"),
+        (["--num_labelled", "0"], "--num_labelled"),
+        (["--num_train_problems", "500", "--num_labelled", "500"], "--num_labelled"),
     ],
 )
 def test_bad_sizes_fail_before_any_model(argv, field):

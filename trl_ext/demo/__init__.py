@@ -18,7 +18,7 @@ Modules: `config` (flags), `data` (splits and rows), `heldout` (scoring), `phase
 `report` (tests, table, plot), `run` (`main`). docs/demo.md has the measured results and the tuning history.
 """
 
-from trl_ext.demo.config import DemoConfig, check, parse_args
+from trl_ext.demo.config import GPU_COMMAND, GPU_RECIPE, DemoConfig, check, parse_args
 from trl_ext.demo.data import (
     DEMO_CHARS,
     EVAL_SEED,
@@ -34,6 +34,8 @@ from trl_ext.demo.run import main
 __all__ = [
     "DEMO_CHARS",
     "EVAL_SEED",
+    "GPU_COMMAND",
+    "GPU_RECIPE",
     "DemoConfig",
     "check",
     "compare",

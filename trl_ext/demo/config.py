@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
+GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
+GPU_COMMAND = (
+    "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
+    f"recipes/countdown.py --config {GPU_RECIPE}"
+)
+
 
 @dataclass
 class DemoConfig:
@@ -48,7 +54,7 @@ class DemoConfig:
         metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
     )
     # GRPO on the unlabelled problems
-    grpo_steps: int = field(default=1000, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
+    grpo_steps: int = field(default=1600, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
     grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO optimizer step."})
     rollout_batch_size: int = field(
         default=0, metadata={"help": "Completions per rollout (a multiple of --grpo_batch_size); 0 = grpo_batch_size."}
@@ -75,8 +81,12 @@ class DemoConfig:
         default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
     )
     control_steps: int = field(
-        default=1500,
+        default=1150,
         metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
+    )
+    parallel_arms: bool = field(
+        default=True,
+        metadata={"help": "Run the control in a child process beside GRPO, each with half the threads (else after)."},
     )
     control_learning_rate: float = field(
         default=1e-3, metadata={"help": "Control peak learning rate (linear warmup, then linear decay)."}

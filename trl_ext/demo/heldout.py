@@ -1,71 +1,68 @@
-"""Held-out scoring of a demo model: greedy and sampled accuracy, pass@k, per-problem results for paired tests."""
+"""Held-out scoring of a demo model through `trl_ext.evaluation`: greedy and sampled accuracy, pass@k, and the
+per-problem results the paired tests need."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 # Sampling at evaluation uses its own fixed seed: two runs differ only through their models.
 EVAL_SAMPLING_SEED = 4321
-
-
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, do_sample: bool, batch_size: int = 512):
-    """Completions (special tokens stripped, answer tags kept) for `prompts`; sampling is pure temperature 1."""
-    import torch
-
-    model.eval()
-    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
-    texts = []
-    with torch.no_grad():
-        for start in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **sampling,
-            )  # (B, T_prompt + T_new)
-            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    return texts
+# Sequences per `generate` call: the whole held-out set at once is fastest for a model this small.
+BATCH_SIZE = 512
 
 
 def evaluate(model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int) -> dict:
-    """Held-out accuracy with the training reward: a completion is correct when the reward is 1.0.
+    """Held-out accuracy with the training reward (`require_all=True`): a completion is correct when its answer
+    reward is 1, i.e. the expression uses every number once and equals the target.
 
-    Returns greedy accuracy, the per-problem greedy correctness (for the paired test), the tagged-answer rate,
-    and, when `num_samples > 0`, the mean accuracy of `num_samples` samples per problem at temperature 1, the
-    per-problem number of correct samples and pass@num_samples.
+    Generation, cutting at EOS, scoring and pass@k are `trl_ext.evaluation.evaluate_model`'s; this
+    adds the compact prompts and keeps the per-problem results.
+
+    Returns:
+        `greedy_accuracy`, `greedy_reward` (mean training reward: 1 correct, 0.1 tagged but wrong, 0 untagged),
+        `greedy_tagged` (share of greedy answers in tags), `greedy_correct` (per problem, 0/1);
+        with `num_samples > 0` also `sampled_accuracy` (mean over `num_samples` samples per problem at temperature
+        1, no top-k / top-p), `sampled_reward`, `sampled_correct` (per problem, 0..num_samples) and
+        `pass@<num_samples>`;
+        `examples` (a few greedy prompt / completion pairs) and `seconds`.
     """
-    import torch
-
-    from trl_ext.rewards import countdown_reward_fn
+    from trl_ext.evaluation import evaluate_model, ground_truth_of
+    from trl_ext.rewards import countdown_reward_components
     from trl_ext.tasks import compact_prompt
-
-    def score(text: str, problem: dict) -> float:
-        return countdown_reward_fn(text, {"nums": problem["nums"], "target": problem["target"]}, require_all=True)
 
     started = time.perf_counter()
     was_training = model.training
+    model.eval()
     prompts = [compact_prompt(p["nums"], p["target"]) for p in problems]
-    greedy = [
-        score(t, p) for t, p in zip(generate(model, tokenizer, prompts, max_new_tokens, False), problems, strict=True)
-    ]
+    truths = [ground_truth_of("countdown", p) for p in problems]
+    common = dict(
+        reward=functools.partial(countdown_reward_components, require_all=True),
+        max_new_tokens=max_new_tokens,
+        batch_size=BATCH_SIZE,
+        # Completions end at EOS or the budget, as in GRPO's rollouts (whose reward sees the same text); the char
+        # tokenizer has no letters, which transformers' stop-string matcher needs.
+        stop=(),
+        num_examples=2,
+    )
+    summary, records = evaluate_model(model, tokenizer, prompts, truths, n=1, temperature=0.0, ns=(1,), **common)
     result = {
-        "greedy_accuracy": sum(r == 1.0 for r in greedy) / len(problems),
-        "greedy_tagged": sum(r > 0 for r in greedy) / len(problems),
-        "greedy_correct": [int(r == 1.0) for r in greedy],
+        "greedy_accuracy": summary["accuracy"],
+        "greedy_reward": summary["mean_reward"],
+        "greedy_tagged": summary["format_rate"],
+        "greedy_correct": [int(r["answer_reward"] == 1.0) for r in records],
+        "examples": [[r["prompt"], r["response"]] for r in records[:3]],
     }
     if num_samples:
-        torch.manual_seed(EVAL_SAMPLING_SEED)
-        texts = generate(model, tokenizer, [q for q in prompts for _ in range(num_samples)], max_new_tokens, True)
-        hits = [int(score(t, problems[i // num_samples]) == 1.0) for i, t in enumerate(texts)]
-        per_problem = [sum(hits[i : i + num_samples]) for i in range(0, len(hits), num_samples)]
-        result["sampled_accuracy"] = sum(hits) / len(hits)
-        result["sampled_correct"] = per_problem
-        result[f"pass@{num_samples}"] = sum(c > 0 for c in per_problem) / len(problems)
-    result["examples"] = [
-        [prompts[i], text] for i, text in enumerate(generate(model, tokenizer, prompts[:3], max_new_tokens, False))
-    ]
+        summary, records = evaluate_model(
+            model, tokenizer, prompts, truths, n=num_samples, temperature=1.0, seed=EVAL_SAMPLING_SEED,
+            ns=(num_samples,), **common,
+        )  # fmt: skip
+        hits = [int(r["answer_reward"] == 1.0) for r in records]  # problem-major, num_samples per problem
+        result["sampled_accuracy"] = summary["accuracy"]
+        result["sampled_reward"] = summary["mean_reward"]
+        result["sampled_correct"] = [sum(hits[i : i + num_samples]) for i in range(0, len(hits), num_samples)]
+        result[f"pass@{num_samples}"] = summary["pass_at_n"][str(num_samples)]
     result["seconds"] = time.perf_counter() - started
     model.train(was_training)
     return result

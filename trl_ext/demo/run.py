@@ -11,17 +11,12 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from trl_ext.demo.config import DemoConfig, parse_args
+from trl_ext.demo.config import GPU_COMMAND, DemoConfig, parse_args
+from trl_ext.demo.control import finish_control_process, run_control, start_control_process
 from trl_ext.demo.data import DEMO_CHARS, make_splits, problem_key, split_labelled
 from trl_ext.demo.heldout import evaluate
 from trl_ext.demo.phases import cpu_seconds, run_grpo, run_sft
 from trl_ext.demo.report import compare, comparison_table, plot_curve
-
-GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
-GPU_COMMAND = (
-    "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
-    f"recipes/countdown.py --config {GPU_RECIPE}"
-)
 
 
 def _start_wandb(cfg: DemoConfig, out: Path):
@@ -73,6 +68,55 @@ def _summary_lines(metrics: dict) -> list[str]:
             text += f"pass@k {c['pass_points']:+.1f} points"
         lines.append(text)
     return lines
+
+
+def _run_arms(
+    cfg: DemoConfig, model, tokenizer, labelled, unlabelled, held_out, start_dir: Path, out: Path, wandb_run
+):
+    """GRPO here and the control beside it in a child process (or after GRPO, `--no-parallel_arms`), both from the
+    model in `start_dir`, each arm with half the threads when both run at once.
+
+    Returns:
+        (arms `{"grpo" / "control": {"clock", "heldout"}}`, their curve points, TRL's GRPO log).
+    """
+    import torch
+
+    report_to = "wandb" if wandb_run is not None else "none"
+    run_control_arm = bool(cfg.control and cfg.control_steps)
+    parallel = run_control_arm and cfg.parallel_arms
+    arm_threads = max(1, torch.get_num_threads() // 2) if parallel else torch.get_num_threads()
+    proc = start_control_process(cfg, start_dir, out, arm_threads) if parallel else None
+    torch.set_num_threads(arm_threads)
+    arms: dict[str, dict] = {}
+    curve: list[dict] = []
+    grpo_log: list[dict] = []
+    try:
+        if cfg.grpo_steps:
+            trainer, curve, clock = run_grpo(
+                cfg, model, tokenizer, unlabelled, held_out, out / "grpo", report_to, wandb_run
+            )
+            grpo_log = [h for h in trainer.state.log_history if "reward" in h or "train_runtime" in h]
+            model = trainer.model
+            heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
+            arms["grpo"] = {"clock": clock, "heldout": heldout}
+            model.save_pretrained(out / "final")
+            tokenizer.save_pretrained(out / "final")
+            print(f"[demo] after GRPO ({clock['steps']} steps): {_fmt(heldout)}", flush=True)
+        if proc is not None:
+            arms["control"] = finish_control_process(proc, out)
+        elif run_control_arm:
+            arms["control"] = run_control(cfg, start_dir, out, tokenizer, labelled, held_out)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    if "control" in arms:
+        points = arms["control"].pop("curve")
+        curve += points
+        for c in points if wandb_run is not None else []:
+            wandb_run.log({"control/heldout_greedy_accuracy": c["greedy_accuracy"], "control/cpu_s": c["train_cpu_s"]})
+        clock = arms["control"]["clock"]
+        print(f"[demo] after the control ({clock['steps']} SFT steps): {_fmt(arms['control']['heldout'])}", flush=True)
+    return arms, curve, grpo_log
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     initial = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
     curve: list[dict] = []
-    arms: dict[str, dict] = {}
+    warm_start: dict = {}
     start_dir = out / "sft_model"
     if cfg.init_model:
         model, start_dir = _load(cfg.init_model), Path(cfg.init_model)
@@ -147,48 +191,21 @@ def main(argv: list[str] | None = None) -> dict:
             report_to, wandb_run,
         )  # fmt: skip
         curve += points
-        arms["sft"] = {"clock": clock}
+        warm_start = {"clock": clock}
         model.save_pretrained(start_dir)
         tokenizer.save_pretrained(start_dir)
     t = mark("sft", t)
 
-    arms["start"] = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
-    print(f"[demo] start of GRPO and control: {_fmt(arms['start']['heldout'])}", flush=True)
+    start = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
+    print(f"[demo] start of GRPO and control: {_fmt(start['heldout'])}", flush=True)
     t = mark("eval_start", t)
 
-    grpo_log: list[dict] = []
-    if cfg.grpo_steps:
-        trainer, points, clock = run_grpo(
-            cfg, model, tokenizer, unlabelled, held_out, out / "grpo", report_to, wandb_run
-        )
-        curve += points
-        grpo_log = [h for h in trainer.state.log_history if "reward" in h or "train_runtime" in h]
-        model = trainer.model
-        arms["grpo"] = {
-            "clock": clock,
-            "heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length),
-        }
-        model.save_pretrained(out / "final")
-        tokenizer.save_pretrained(out / "final")
-        print(f"[demo] after GRPO ({clock['steps']} steps): {_fmt(arms['grpo']['heldout'])}", flush=True)
-        del trainer, model
-    t = mark("grpo", t)
-
-    if cfg.control and cfg.control_steps:
-        model = _load(start_dir)
-        points, clock = run_sft(
-            cfg, "control", model, tokenizer, labelled, held_out, out / "control", cfg.control_steps,
-            cfg.control_learning_rate, report_to, wandb_run,
-        )  # fmt: skip
-        curve += points
-        arms["control"] = {
-            "clock": clock,
-            "heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length),
-        }
-        model.save_pretrained(out / "control_model")
-        tokenizer.save_pretrained(out / "control_model")
-        print(f"[demo] after the control ({clock['steps']} SFT steps): {_fmt(arms['control']['heldout'])}", flush=True)
-    t = mark("control", t)
+    arms, arm_curve, grpo_log = _run_arms(
+        cfg, model, tokenizer, labelled, unlabelled, held_out, start_dir, out, wandb_run
+    )
+    arms = {"start": start, **arms}
+    curve += arm_curve
+    t = mark("arms", t)
 
     metrics = {
         "config": asdict(cfg),
@@ -198,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num_eval_problems": len(held_out),
         "held_out_overlap_with_train": len(overlap),
         "random_init": {k: v for k, v in initial.items() if k != "greedy_correct"},
+        "warm_start": warm_start,
         "arms": arms,
         "curve": curve,
         "grpo_log": grpo_log,
@@ -218,12 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
             wandb_run.summary.update(floats)
         metrics["wandb_dir"] = str(Path(wandb_run.dir).parent)
         wandb_run.finish()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the control process (and wandb's), once finished
     metrics["total"] = {
         "wall_s": round(time.perf_counter() - started, 2),
         "cpu_s": round(cpu_seconds() - cpu_started, 2),
         # From process start: the interpreter and the imports before `main` count toward the time goal too.
         "process_wall_s": round(time.time() - _process_start_time(), 2),
         "process_cpu_s": round(cpu_seconds(), 2),
+        "children_cpu_s": round(children.ru_utime + children.ru_stime, 2),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
@@ -231,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[demo] {line}", flush=True)
     print(
         f"[demo] wall {metrics['total']['process_wall_s']:.0f} s, CPU {metrics['total']['process_cpu_s']:.0f} s "
-        f"(since the process started); wrote {out / 'metrics.json'}, {out / 'curve.png'}",
+        f"+ {metrics['total']['children_cpu_s']:.0f} s in child processes (since the process started); wrote "
+        f"{out / 'metrics.json'}, {out / 'curve.png'}",
         flush=True,
     )
     print(f"[demo] the real experiment (2 GPUs, vLLM on GPU 0, training on GPU 1):\n  {GPU_COMMAND}", flush=True)

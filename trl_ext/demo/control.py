@@ -1,0 +1,75 @@
+"""The SFT-only control arm: more SFT on the labelled problems from GRPO's start, in this process or in a child
+process that runs beside GRPO."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from trl_ext.demo.config import DemoConfig
+from trl_ext.demo.data import make_splits, split_labelled
+from trl_ext.demo.heldout import evaluate
+from trl_ext.demo.phases import run_sft
+
+
+def run_control(cfg: DemoConfig, start_dir: Path, out: Path, tokenizer, labelled, held_out) -> dict:
+    """Load the start model, run `cfg.control_steps` SFT steps on `labelled`, score and save it.
+
+    Returns:
+        `{"clock", "heldout", "curve"}` as the GRPO arm has them; the model goes to `<out>/control_model`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(start_dir, dtype=torch.float32)
+    curve, clock = run_sft(
+        cfg, "control", model, tokenizer, labelled, held_out, out / "control", cfg.control_steps,
+        cfg.control_learning_rate, "none",
+    )  # fmt: skip
+    heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
+    model.save_pretrained(out / "control_model")
+    tokenizer.save_pretrained(out / "control_model")
+    return {"clock": clock, "heldout": heldout, "curve": curve}
+
+
+def start_control_process(cfg: DemoConfig, start_dir: Path, out: Path, threads: int) -> subprocess.Popen:
+    """Start the control in a child process (its own interpreter, `threads` torch threads); its lines print as
+    they come, prefixed `[control]`."""
+    spec = out / "control" / "spec.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(
+        json.dumps({"config": vars(cfg), "start_dir": str(start_dir), "out": str(out), "threads": threads})
+    )
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    code = "import sys; from trl_ext.demo.control import child_main; child_main(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, str(spec)], env=env)
+
+
+def finish_control_process(proc: subprocess.Popen, out: Path) -> dict:
+    """Wait for the child and read its result; a failed child raises with its exit status."""
+    if proc.wait() != 0:
+        raise RuntimeError(f"the control process exited with status {proc.returncode}; its output is above")
+    return json.loads((out / "control" / "result.json").read_text())
+
+
+def child_main(spec_path: str) -> None:
+    """The child process's work: rebuild the labelled and held-out problems from the config, run the control and
+    write `<out>/control/result.json`."""
+    import datasets
+    import torch
+
+    from trl_ext.demo.data import DEMO_CHARS
+    from trl_ext.tiny import build_char_tokenizer
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg, out = DemoConfig(**spec["config"]), Path(spec["out"])
+    datasets.disable_progress_bars()
+    torch.set_num_threads(spec["threads"])
+    train, held_out = make_splits(cfg)
+    labelled, _ = split_labelled(train, cfg.num_labelled)
+    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
+    result = run_control(cfg, Path(spec["start_dir"]), out, tokenizer, labelled, held_out)
+    (out / "control" / "result.json").write_text(json.dumps(result))
