@@ -81,7 +81,7 @@ class DemoConfig:
         default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
     )
     control_steps: int = field(
-        default=1150,
+        default=1200,
         metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
     )
     parallel_arms: bool = field(
@@ -89,7 +89,8 @@ class DemoConfig:
         metadata={"help": "Run the control in a child process beside GRPO, each with half the threads (else after)."},
     )
     control_learning_rate: float = field(
-        default=1e-3, metadata={"help": "Control peak learning rate (linear warmup, then linear decay)."}
+        default=3e-3,
+        metadata={"help": "Control peak learning rate (linear warmup, then linear decay); the warm start's by default."},
     )
 
 
