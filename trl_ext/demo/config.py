@@ -69,6 +69,12 @@ class DemoConfig:
     grpo_warmup_steps: int = field(default=0, metadata={"help": "GRPO linear warmup steps."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range of the GRPO surrogate."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of GRPO rollouts."})
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop equal-reward groups, generate more (see docs/dynamic_sampling.md)."
+        },
+    )
     skip_zero_advantage: bool = field(
         default=True,
         metadata={
@@ -90,7 +96,7 @@ class DemoConfig:
     )
     control_learning_rate: float = field(
         default=3e-3,
-        metadata={"help": "Control peak learning rate (linear warmup, then linear decay); the warm start's by default."},
+        metadata={"help": "Control peak learning rate (linear warmup, then linear decay); the warm start's."},
     )
 
 

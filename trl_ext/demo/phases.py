@@ -179,10 +179,10 @@ def run_grpo(
         rollout_batch_size=cfg.rollout_batch_size or cfg.grpo_batch_size,
         train_batch_size=cfg.grpo_batch_size,
         epochs_per_rollout_batch=cfg.epochs_per_rollout,
-        # GRPO's three axis values, stated rather than left to defaults.
+        # GRPO's three axis values, stated rather than left to defaults (AblationGRPOConfig's defaults are TRL's).
+        advantage_type="group_mean_std",
+        advantage_eps=1e-6,  # the seeds' eps (TRL's is 1e-4)
         pg_loss_type="grpo_clip",
-        use_std_normalization=True,
-        advantage_eps=1e-6,
         length_normalization="masked_mean",
         max_steps=cfg.grpo_steps,
         max_completion_length=cfg.max_completion_length,
@@ -194,6 +194,7 @@ def run_grpo(
         epsilon=cfg.epsilon,
         temperature=cfg.temperature,
         skip_zero_advantage_completions=cfg.skip_zero_advantage,
+        dynamic_sampling=cfg.dynamic_sampling,
         top_p=1.0,
         top_k=0,
         log_completions=False,
