@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: install run test lint format assets clean
 
@@ -32,7 +33,7 @@ assets: install
 	-$(PY) -m trl_ext.assets fetch-smollm2
 
 run: install
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py --demo
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml recipes/countdown.py --demo $(DEMO_ARGS)
 
 # Without CUDA the real-engine tests (tests/test_vllm_*.py) must run: a missing vLLM CPU build fails them, not skips.
 # --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a vLLM engine) starts once.

@@ -224,3 +224,8 @@ def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
 def test_bad_sizes_fail_before_any_model(argv, field):
     with pytest.raises(ValueError, match=field):
         demo.parse_args(argv)
+
+
+def test_the_control_is_on_by_default_and_no_control_switches_it_off():
+    assert demo.parse_args([]).control is True
+    assert demo.parse_args(["--no-control"]).control is False

@@ -122,6 +122,7 @@ def run_sft(
     Returns:
         (curve points, clock) where the clock holds `train_cpu_s`, `train_wall_s` and `steps`.
     """
+    from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     curve: list[dict] = []
@@ -149,6 +150,7 @@ def run_sft(
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, phase, held_out, tokenizer, curve, clock, wandb_run),
     )
+    trainer.remove_callback(PrinterCallback)  # our Progress lines instead of every raw log dict
     trainer.train()
     return curve, clock
 
@@ -166,6 +168,8 @@ def run_grpo(
     Returns:
         (trainer, curve points, clock).
     """
+    from transformers import PrinterCallback
+
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
     from trl_ext.rewards import CountdownReward
 
@@ -207,5 +211,6 @@ def run_grpo(
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, "grpo", held_out, tokenizer, curve, clock, wandb_run),
     )
+    trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer, curve, clock
