@@ -47,7 +47,16 @@ def engine_logps(llm, prompt_ids: list[int], completion_ids: list[int]) -> list[
     return [pos[tok].logprob for pos, tok in zip(positions, completion_ids, strict=True)]
 
 
-def main(out_dir: Path, steps: int) -> None:
+def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, **config):
+    """An `AblationGRPOTrainer` in vLLM colocate mode (importance-sampling correction on) on a tiny Qwen3 saved under
+    `out_dir`, `prompts * 4` as its dataset and `config` on top of the shared settings, that records every batch it
+    generates.
+
+    Returns:
+        (trainer, records): per batch, `step`, the gathered `rewards` of its groups, the `dynamic_sampling/*` metrics
+        (empty when off) and per row the `prompt` text, the `engine`'s log-probs of the sampled tokens, TRL's `old`
+        log-probs, a plain `forward`'s log-probs with the weights that sampled them, and the `is_ratio`.
+    """
     # One process plays rank 0 of 1, as accelerate would set it; vLLM's colocate engine reads these.
     with socket.socket() as probe:  # a free rendezvous port: other runs may be training beside this one
         probe.bind(("127.0.0.1", 0))
@@ -77,12 +86,16 @@ def main(out_dir: Path, steps: int) -> None:
                 completion = batch["completion_ids"][i][mask[i]].tolist()
                 rows.append(
                     {
+                        "prompt": tokenizer.decode(prompt),
                         "engine": batch["sampling_per_token_logps"][i][mask[i]].tolist(),
+                        "old": batch["old_per_token_logps"][i][mask[i]].tolist(),
                         "forward": forward_logps(self.model, prompt, completion),
                         "is_ratio": batch["importance_sampling_ratio"][i].flatten().tolist(),
                     }
                 )
-            records.append({"step": self.state.global_step, "rows": rows})
+            metrics = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("dynamic_sampling/")}
+            rewards = self._gathered_rewards[:, 0].tolist()
+            records.append({"step": self.state.global_step, "rows": rows, "rewards": rewards, "metrics": metrics})
             return batch
 
     args = AblationGRPOConfig(
@@ -104,15 +117,21 @@ def main(out_dir: Path, steps: int) -> None:
         vllm_max_model_length=64,
         vllm_importance_sampling_correction=True,
         vllm_importance_sampling_mode="sequence_mask",
+        **config,
     )
     trainer = RecordingTrainer(
         model,
-        id_reward,
+        reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        train_dataset=Dataset.from_dict({"prompt": prompts * 4}),
         processing_class=tokenizer,
     )
-    llm = trainer.vllm_generation.llm
+    return trainer, records
+
+
+def main(out_dir: Path, steps: int) -> None:
+    trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward)
+    model, tokenizer, llm = trainer.model, trainer.processing_class, trainer.vllm_generation.llm
     fixed_prompt = tokenizer(FIXED_PROMPT, add_special_tokens=False)["input_ids"]
     fixed = tokenizer(FIXED_COMPLETION, add_special_tokens=False)["input_ids"]
     before = {"engine": engine_logps(llm, fixed_prompt, fixed), "trainer": forward_logps(model, fixed_prompt, fixed)}
@@ -122,7 +141,7 @@ def main(out_dir: Path, steps: int) -> None:
     result = {
         "global_step": trainer.state.global_step,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-        "clip_max": args.vllm_importance_sampling_clip_max,
+        "clip_max": trainer.args.vllm_importance_sampling_clip_max,
         "generations": records,
         "fixed_before": before,
         "fixed_after": after,
