@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from trl_ext.launch import (
     LaunchError,
@@ -107,12 +108,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for(path: Path, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -126,7 +121,7 @@ def rig(tmp_path):
     """Stand-in scripts, a server-mode recipe on a free localhost port, and an empty recipe script."""
     (tmp_path / "server.py").write_text(STAND_IN_SERVER)
     (tmp_path / "trainer.py").write_text(STAND_IN_TRAINER)
-    port = _free_port()
+    port = free_port()
     (tmp_path / "base.yaml").write_text(
         f"model_name_or_path: {MODEL}\nuse_vllm: true\nvllm_server_host: 127.0.0.1\nvllm_server_port: {port}\n"
     )

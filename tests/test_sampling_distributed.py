@@ -5,15 +5,12 @@ built batch, and stay in sync."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_distributed import _free_port
+from helpers import run_torchrun
 
 from trl_ext.objectives import group_normalize
 
@@ -65,13 +62,7 @@ WORKER = textwrap.dedent(
 def test_two_processes_keep_the_same_groups_and_equal_row_counts(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(TESTS), group=GROUP, per_rank=PER_RANK))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-        f"--master_port={_free_port()}", str(script), str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_torchrun(script, str(tmp_path))
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert len(ranks[0]["records"]) == len(ranks[1]["records"]) == 3

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_torchrun
 
 TESTS = Path(__file__).resolve().parent
 GROUP, PER_RANK = 4, 8
@@ -76,23 +73,11 @@ def loop_reinforce_pp(rewards: list[float], lengths: list[int], group: int, eps:
     return [(c - mean) / math.sqrt(var + eps) for c in centred]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(TESTS), group=GROUP, rollout=2 * PER_RANK))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-        f"--master_port={_free_port()}", str(script), str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_torchrun(script, str(tmp_path))
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["num_processes"] for r in ranks] == [2, 2]

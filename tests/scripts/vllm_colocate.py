@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -57,11 +56,11 @@ def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, **co
         (empty when off) and per row the `prompt` text, the `engine`'s log-probs of the sampled tokens, TRL's `old`
         log-probs, a plain `forward`'s log-probs with the weights that sampled them, and the `is_ratio`.
     """
+    from helpers import free_port
+
     # One process plays rank 0 of 1, as accelerate would set it; vLLM's colocate engine reads these.
-    with socket.socket() as probe:  # a free rendezvous port: other runs may be training beside this one
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # A free rendezvous port: other runs may be training beside this one.
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; TRL passes no KV size, 1 is the variable's least
     import torch
     from datasets import Dataset
