@@ -8,6 +8,7 @@ fields a chosen function ignores (so the docs, the config checks and the code ca
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +48,7 @@ class Registry(dict):
 
     def parameters(self, name: str) -> frozenset[str]:
         """The names of the inputs the function registered as `name` declares (its parameters)."""
-        return frozenset(inspect.signature(self.lookup(name)).parameters)
+        return _parameter_names(self.lookup(name))
 
     def call(self, name: str, **available: Any) -> Any:
         """Call the function registered as `name` with the entries of `available` it declares.
@@ -57,3 +58,9 @@ class Registry(dict):
         """
         wanted = self.parameters(name)
         return self.lookup(name)(**{key: value for key, value in available.items() if key in wanted})
+
+
+@functools.cache
+def _parameter_names(func: Callable) -> frozenset[str]:
+    """A function's parameter names, read once (`Registry.call` asks for them on every micro-batch)."""
+    return frozenset(inspect.signature(func).parameters)
