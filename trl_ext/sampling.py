@@ -32,6 +32,9 @@ from collections.abc import Sequence
 
 import torch
 
+from trl_ext.objectives.advantages import _group_stats, _grouped
+from trl_ext.objectives.aggregation import _weighted_sum
+
 logger = logging.getLogger(__name__)
 
 # verl's DAPO recipe generates at most 10 batches of 3x the training prompts; ours are 1x, so 4 bounds the extra
@@ -39,7 +42,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_GENERATION_BATCHES = 4
 
 # Per-completion batch entries: (pad on the left, pad value; None = the tokenizer's pad id). 1-D entries ignore both.
-_ROW_ENTRIES = {
+ROW_ENTRIES = {
     "prompt_ids": (True, None),
     "prompt_mask": (True, 0),
     "completion_ids": (False, None),
@@ -89,9 +92,7 @@ def filter_signal(rewards_per_func: torch.Tensor, weights: torch.Tensor, shaping
     counted = torch.tensor([not s for s in shaping], dtype=torch.bool, device=rewards_per_func.device)
     if not counted.any():
         counted = ~counted
-    rewards = rewards_per_func[:, counted]
-    signal = (rewards * weights.to(rewards.device)[counted].unsqueeze(0)).nansum(dim=1)
-    return signal.masked_fill(torch.isnan(rewards).all(dim=1), float("nan"))
+    return _weighted_sum(rewards_per_func[:, counted], weights.to(rewards_per_func.device)[counted])
 
 
 def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -104,11 +105,8 @@ def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     Returns:
         `(N // group_size,)` bool: `max_g r == min_g r` over the scored members, or fewer than two scored members.
     """
-    grouped = rewards.view(-1, group_size)  # (groups, G)
-    scored = ~torch.isnan(grouped)
-    high = grouped.masked_fill(~scored, float("-inf")).amax(dim=1)
-    low = grouped.masked_fill(~scored, float("inf")).amin(dim=1)
-    return (scored.sum(dim=1) < 2) | (high == low)
+    count, _, _, tied = _group_stats(*_grouped(rewards, group_size))  # (groups, 1) each
+    return ((count < 2) | tied).squeeze(1)
 
 
 def select_groups(uniform_per_batch: Sequence[torch.Tensor], target: int) -> tuple[list[int], int, int]:
@@ -181,13 +179,13 @@ class DynamicSamplingMixin:
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         if config is not None and getattr(config, "dynamic_sampling", False):
             _check_train_dataset(kwargs.get("train_dataset"))  # before TRL loads the model
-        self._round_rewards: torch.Tensor | None = None
+        self._gathered_rewards: torch.Tensor | None = None
         self._prompt_source = None
         super().__init__(*args, **kwargs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._round_rewards = rewards_per_func  # (N_global, n_funcs)
+        self._gathered_rewards = rewards_per_func  # (N_global, n_funcs), every process's completions
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -202,7 +200,7 @@ class DynamicSamplingMixin:
             if index > 0:
                 inputs = self._draw_inputs(index)
             output = super()._generate_and_score_completions(inputs)
-            rewards = self._round_rewards
+            rewards = self._gathered_rewards
             batches.append(self._gather_batch(output, rewards, self._take_logs()))
             uniform.append(uniform_groups(filter_signal(rewards, self.reward_weights, shaping), group))
             kept += int((~uniform[-1]).sum())
@@ -241,12 +239,12 @@ class DynamicSamplingMixin:
     def _gather_batch(self, output: dict, rewards: torch.Tensor, logs: dict) -> dict:
         """Every process's rows of one generation batch (the same on every rank), with its rewards and log rows."""
         unknown = sorted(
-            k for k, v in output.items() if v is not None and k not in (*_ROW_ENTRIES, "num_items_in_batch")
+            k for k, v in output.items() if v is not None and k not in (*ROW_ENTRIES, "num_items_in_batch")
         )
         if unknown:
             raise ValueError(f"dynamic_sampling cannot rebuild a batch holding {unknown} (multimodal inputs)")
         tensors = {}
-        for key, (left, value) in _ROW_ENTRIES.items():
+        for key, (left, value) in ROW_ENTRIES.items():
             tensor = output.get(key)
             if tensor is None:
                 continue
@@ -267,13 +265,13 @@ class DynamicSamplingMixin:
         everyone = torch.tensor(rows)
         output = {}
         for key in batches[0]["tensors"]:
-            left, value = _ROW_ENTRIES[key]
+            left, value = ROW_ENTRIES[key]
             value = self._tokenizer.pad_token_id if value is None else value
             blocks = [batch["tensors"][key] for batch in batches]
             output[key] = pad_and_concat(blocks, value, left)[mine.to(blocks[0].device)]
         output = trim_padding(output, self.pad_to_multiple_of)
         # Token-mean losses divide by the loss tokens of the whole generation batch (every process): recount them.
-        masks = [b["tensors"]["completion_mask"] * b["tensors"].get("tool_mask", 1) for b in batches]
+        masks = [loss_mask(b["tensors"]) for b in batches]
         counts = torch.cat([m.sum(dim=1) for m in masks])[everyone.to(masks[0].device)]
         output["num_items_in_batch"] = counts.sum()
         # AblationGRPOTrainer recomputes the advantages from the trained groups' rewards (N_global, n_funcs).
@@ -313,7 +311,13 @@ class DynamicSamplingMixin:
         return taken
 
 
-def trim_padding(batch: dict, multiple: int | None = None) -> dict:
+def loss_mask(batch: dict) -> torch.Tensor:
+    """`(B, T)` completion tokens that count in the loss (tool outputs excluded), as TRL."""
+    mask = batch["completion_mask"]
+    return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
+
+
+def trim_padding(batch: dict, multiple: int | None = None, trim_prompt: bool = True) -> dict:
     """Drop the prompt columns that are padding in every row (left) and the completion columns after every row's
     last completion token (right), keeping widths multiples of `multiple` when set; returns a new dict.
 
@@ -321,8 +325,9 @@ def trim_padding(batch: dict, multiple: int | None = None) -> dict:
     completion, and so the built batch must be (left padding shifts positions, so it changes the forward).
 
     Args:
-        batch: entries of `_ROW_ENTRIES`; `prompt_mask` `(B, P)`, `completion_mask` `(B, T)`.
+        batch: entries of `ROW_ENTRIES`; `prompt_mask` `(B, P)`, `completion_mask` `(B, T)`.
         multiple: TRL's `pad_to_multiple_of`.
+        trim_prompt: False keeps every prompt column (only the completion side is cut).
     """
 
     def width(mask: torch.Tensor, from_left: bool) -> int:
@@ -336,9 +341,12 @@ def trim_padding(batch: dict, multiple: int | None = None) -> dict:
         return min(n, mask.size(1))
 
     widths = {True: batch["prompt_mask"].size(1), False: batch["completion_mask"].size(1)}
-    keep = {True: width(batch["prompt_mask"], from_left=True), False: width(batch["completion_mask"], from_left=False)}
+    keep = {
+        True: width(batch["prompt_mask"], from_left=True) if trim_prompt else widths[True],
+        False: width(batch["completion_mask"], from_left=False),
+    }
     trimmed = dict(batch)
-    for key, (left, _) in _ROW_ENTRIES.items():
+    for key, (left, _) in ROW_ENTRIES.items():
         tensor = batch.get(key)
         # 1-D entries and the (B, 1) sequence-level importance ratio have no padding columns.
         if tensor is None or tensor.dim() < 2 or tensor.size(1) != widths[left]:

@@ -27,7 +27,7 @@ from trl_ext.objectives import (
     entropy_bonus,
     policy_objective,
 )
-from trl_ext.sampling import DynamicSamplingMixin
+from trl_ext.sampling import ROW_ENTRIES, DynamicSamplingMixin, loss_mask, trim_padding
 from trl_ext.vllm_sync import install_colocate_weight_sync
 
 # Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
@@ -43,16 +43,6 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
-# Per-completion-token `(B, T)` entries of TRL's batch (`(B, 1)` for sequence-level ratios).
-_TOKEN_KEYS = (
-    "completion_ids",
-    "completion_mask",
-    "tool_mask",
-    "old_per_token_logps",
-    "importance_sampling_ratio",
-    "sampling_per_token_logps",
-    "ref_per_token_logps",
-)
 # The loss parameters a registered loss may declare, read from the config of the same name.
 _LOSS_FIELDS = (
     "epsilon",
@@ -65,12 +55,6 @@ _LOSS_FIELDS = (
     "vespo_k_neg",
     "vespo_lambda_neg",
 )
-
-
-def _loss_mask(inputs: dict) -> torch.Tensor:
-    """`(B, T)` completion tokens that count in the loss (tool outputs excluded), as TRL."""
-    mask = inputs["completion_mask"]
-    return mask if inputs.get("tool_mask") is None else mask * inputs["tool_mask"]
 
 
 def drop_zero_advantage_rows(inputs: dict) -> dict:
@@ -98,15 +82,9 @@ def drop_zero_advantage_rows(inputs: dict) -> dict:
     if not keep.any():
         keep[0] = True
     rows = keep.nonzero().squeeze(1)
-    columns = inputs["completion_mask"][rows].any(dim=0).nonzero()
-    width = int(columns[-1]) + 1 if columns.numel() else 1
     batch = dict(inputs)
-    batch["advantages"] = advantages[rows]
-    batch["prompt_ids"], batch["prompt_mask"] = inputs["prompt_ids"][rows], inputs["prompt_mask"][rows]
-    for key in _TOKEN_KEYS:
-        if inputs.get(key) is not None:
-            batch[key] = inputs[key][rows, :width]
-    return batch
+    batch.update({key: inputs[key][rows] for key in ROW_ENTRIES if inputs.get(key) is not None})
+    return trim_padding(batch, trim_prompt=False)
 
 
 class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
@@ -117,7 +95,6 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); `train_batch_size`
       is checked against `accelerator.num_processes` (the config could only read `$WORLD_SIZE`); HF's per-device
       `_train_batch_size` is reset, since the seed field `train_batch_size` shadows HF's property of that name.
-    - `_calculate_rewards`: calls TRL's and keeps its gathered `(N_global, n_reward_funcs)` rewards.
     - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with
       `objectives.compute_advantages` of the gathered rewards (and completion lengths), sliced for this process as
       TRL slices, and the advantages TRL just appended to the completions table; logs `advantages/mean|std`.
@@ -128,7 +105,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
       gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
       `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
 
-    With `dynamic_sampling`, `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) builds each
+    `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
+    rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
+    With `dynamic_sampling`, it builds each
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
     one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
 
@@ -146,7 +125,6 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                 f"args must be an AblationGRPOConfig, got {type(args).__name__}; build the config with "
                 "trl_ext.AblationGRPOConfig (it accepts every trl.GRPOConfig field)"
             )
-        self._gathered_rewards: torch.Tensor | None = None
         super().__init__(model, reward_funcs, args=args, **kwargs)
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
@@ -165,11 +143,6 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
                     f"{args.gradient_accumulation_steps} * {world} = {actual}: the config was built with "
                     "WORLD_SIZE unset or different; build it inside the launched processes"
                 )
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._gathered_rewards = rewards_per_func  # (N_global, n_reward_funcs), every process's completions
-        return rewards_per_func
 
     def compute_advantages(
         self, rewards_per_func: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None
@@ -197,7 +170,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        lengths = self.accelerator.gather(_loss_mask(output).sum(dim=1))  # (N_global,), a collective on every rank
+        lengths = self.accelerator.gather(loss_mask(output).sum(dim=1))  # (N_global,), a collective on every rank
         advantages = self.compute_advantages(self._gathered_rewards, group_size, lengths)  # (N_global,)
         local = output["advantages"].size(0)
         start = self.accelerator.process_index * local
@@ -224,7 +197,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     def _loss_scale(self, inputs: dict, mode: str) -> dict:
         """The denominators of the reductions, from the full micro-batch (before any row is skipped)."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
-        mask = _loss_mask(inputs)
+        mask = loss_mask(inputs)
         scale = {"accumulation_steps": accumulation, "num_sequences": mask.size(0), "num_tokens": mask.sum()}
         if inputs.get("num_items_in_batch") is not None:
             # TRL's `num_items_in_batch` counts the loss tokens of the whole generation batch on every process;
@@ -250,7 +223,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        mask = _loss_mask(inputs)  # (B, T)
+        mask = loss_mask(inputs)  # (B, T)
 
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
