@@ -21,7 +21,6 @@ the trainer re-checks it against `accelerator.num_processes`):
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -35,15 +34,12 @@ from trl_ext.axes import (
     resolve_axes,
 )
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
+from trl_ext.preflight.environment import world_size_from_env as _world_size
 from trl_ext.sampling import check_dynamic_sampling_config
 
 
 def _trl_default(name: str):
     return next(f.default for f in fields(GRPOConfig) if f.name == name)
-
-
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from trl_ext.preflight.environment import is_main_process, warn_once
+from trl_ext.preflight.environment import is_main_process, warn_once, world_size_from_env
 from trl_ext.preflight.plan import Preflight, RunContext, check_layout, check_recipe, stated_values
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import OutputDirPlan, make_record, plan_output_dir
@@ -58,7 +58,7 @@ def preflight_recipe(
 def context_from_environment(script_args, training_args, environ: Mapping[str, str] | None = None) -> RunContext:
     """Where this process runs, as `accelerate launch` describes it in the environment."""
     environ = os.environ if environ is None else environ
-    world = int(environ.get("WORLD_SIZE", "1"))
+    world = world_size_from_env(environ)
     zero = int(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0") or 0)
     if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         distributed = "DEEPSPEED"
@@ -89,7 +89,7 @@ def context_from_environment(script_args, training_args, environ: Mapping[str, s
 def entry_preflight(task: str, argv: Sequence[str] | None = None) -> tuple[tuple, Preflight]:
     """The preflight of a recipe entry point: checks, prints the plan (main process), raises on any problem."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size_from_env()
     parsed, report = preflight_recipe(task, argv, world, lambda p: context_from_environment(p[0], p[1]))
     if is_main_process():  # the plan, with wandb's one warning when it was switched offline
         print(report.render(), file=sys.stderr, flush=True)

@@ -183,6 +183,12 @@ def check_data_source(source: str | None, field: str) -> list[Problem]:
     return [Problem(field, f"{source!r} is neither a data file nor a hub dataset id `owner/name`", "")]
 
 
+def world_size_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """Training processes: `$WORLD_SIZE` as `accelerate launch` / `torchrun` set it, else 1."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("WORLD_SIZE", "1"))
+
+
 def is_main_process(environ: Mapping[str, str] | None = None) -> bool:
     """Rank 0 of an `accelerate launch` / `torchrun` job (or a single process)."""
     environ = os.environ if environ is None else environ

@@ -10,7 +10,6 @@ problem with its fix.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from trl_ext.preflight.environment import (
     choose_port,
     port_is_free,
     resolve_wandb,
+    world_size_from_env,
 )
 from trl_ext.preflight.memory import MemoryEstimate, TrainingSetup, estimate_memory, knobs_to_fit
 from trl_ext.preflight.models import ModelShape, load_model_shape
@@ -214,7 +214,7 @@ def check_recipe(
     if layout is not None:
         report.layout = layout
         report.lines += layout.render()
-        parsed_here = context.world_size == int(os.environ.get("WORLD_SIZE", "1"))
+        parsed_here = context.world_size == world_size_from_env()
         if parsed_here and layout.per_device_train_batch_size != args.per_device_train_batch_size:
             problems.append(
                 Problem(

@@ -71,16 +71,12 @@ def _recipe_parser_class():
 def _derive_gradient_accumulation(config: dict, args: Sequence[str]) -> None:
     """Set the YAML's GA for this world size when the recipe gives the micro-batch instead (module docstring)."""
     from trl_ext.preflight.batch import derive_gradient_accumulation
+    from trl_ext.preflight.environment import world_size_from_env
     from trl_ext.preflight.plan import cli_overrides
 
-    ga = derive_gradient_accumulation({**config, **cli_overrides(args)}, world_size())
+    ga = derive_gradient_accumulation({**config, **cli_overrides(args)}, world_size_from_env())
     if ga is not None:
         config["gradient_accumulation_steps"] = ga
-
-
-def world_size() -> int:
-    """Training processes: `$WORLD_SIZE` as `accelerate launch` / `torchrun` set it, else 1."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _pop_config_flag(args: list[str]) -> str | None:
