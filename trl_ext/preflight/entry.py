@@ -20,13 +20,10 @@ from trl_ext.preflight.rundir import OutputDirPlan, make_record, plan_output_dir
 
 
 def config_from_argv(argv: Sequence[str]) -> str | None:
-    """The `--config PATH` / `--config=PATH` of a recipe command line."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+    """The `--config PATH` / `--config=PATH` of a recipe command line (read as the recipe parser reads it)."""
+    from trl_ext.recipes.parsing import pop_config_flag
+
+    return pop_config_flag(list(argv))
 
 
 def preflight_recipe(

@@ -32,7 +32,7 @@ def _recipe_parser_class():
 
         def parse_args_and_config(self, args: Sequence[str] | None = None, **kwargs):
             args = list(sys.argv[1:] if args is None else args)
-            config_path = _pop_config_flag(args)
+            config_path = pop_config_flag(args)
             if config_path is None:
                 return self.parse_args_into_dataclasses(args=args)
             config, sources = load_recipe_yaml_with_sources(config_path)
@@ -79,7 +79,7 @@ def _derive_gradient_accumulation(config: dict, args: Sequence[str]) -> None:
         config["gradient_accumulation_steps"] = ga
 
 
-def _pop_config_flag(args: list[str]) -> str | None:
+def pop_config_flag(args: list[str]) -> str | None:
     """Remove `--config PATH` / `--config=PATH` from `args` and return PATH (None when absent)."""
     for i, arg in enumerate(args):
         if arg == "--config":
