@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trl_ext.preflight.plan import TRL_SERVER_PORT as TRL_DEFAULT_PORT
 from trl_ext.preflight.plan import cli_overrides
 
-# TRL 1.16 GRPOConfig defaults for the server the trainer connects to.
+# TRL 1.16 GRPOConfig defaults for the server the trainer connects to (the port: the preflight's, one constant).
 TRL_DEFAULT_HOST = "0.0.0.0"
-TRL_DEFAULT_PORT = 8000
 # Addresses that mean "this machine": only then does the launcher start the server itself.
 _LOCAL_HOSTS = {"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"}
 # Recipe fields the launcher reads; extra recipe args (`--vllm_server_port 8001`) override the YAML like TrlParser.

@@ -38,6 +38,7 @@ from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, pla
 # prompt, so the maximum is what memory sees.
 PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742, "kissing": 232}
 DEFAULT_PROMPT_TOKENS = 512
+# TRL 1.16 GRPOConfig defaults: `vllm_group_port` and `vllm_server_port` (`trl_ext.launch` reads the latter too).
 TRL_GROUP_PORT = 51216
 TRL_SERVER_PORT = 8000
 
