@@ -55,18 +55,13 @@ def grpo_recipes(root: Path = ROOT) -> list[str]:
     return sorted(p.relative_to(recipes).as_posix() for p in recipes.rglob("*.yaml") if p.parent.name in TASK_DEFAULTS)
 
 
-def _server_mode(recipe: Path) -> bool:
-    from trl_ext.recipes import load_recipe_yaml
-
-    values = load_recipe_yaml(recipe)
-    return bool(values.get("use_vllm")) and values.get("vllm_mode", "colocate") == "server"
-
-
 def pairs(root: Path = ROOT) -> Iterator[tuple[str, str, int]]:
     """(accelerate config, recipe, GPU count) for every pair at every count its config is meant for."""
+    from trl_ext.launch.configs import read_recipe_serving
+
     for config, counts in MEANT_FOR.items():
         for recipe in grpo_recipes(root):
-            server = _server_mode(root / "recipes" / recipe)
+            server = read_recipe_serving(root / "recipes" / recipe).server_mode
             for count in counts:
                 if server and config == "single_gpu.yaml" and count == 1:
                     continue  # a server needs its own GPU
