@@ -22,7 +22,7 @@ from trl_ext.evaluation.config import REWARD_NAMES, EvalConfig
 RECIPE_FIELDS = ("data_file", "split", "prompt", "chat", "temperature", "top_p", "n", "reward")
 
 
-def recipe_task(recipe: str | Path) -> str:
+def recipe_yaml_task(recipe: str | Path) -> str:
     """The task of a recipe YAML: its folder (`recipes/countdown/x.yaml` -> "countdown"), else the task folder of
     the files its `base:` chain reaches."""
     from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml_with_sources
@@ -56,7 +56,7 @@ def eval_config_from_recipe(recipe: str | Path, model: str | None = None, **over
     clash = sorted(set(overrides) & set(RECIPE_FIELDS))
     if clash:
         raise ValueError(f"{clash}: set by --recipe {recipe} (its validation settings); drop them")
-    task = overrides.pop("task", None) or recipe_task(recipe)
+    task = overrides.pop("task", None) or recipe_yaml_task(recipe)
     script, args, model_args = parse_recipe_args(task, ["--config", str(recipe), "--use_cpu", "true"])
     source = script.eval_source if script.eval_source is not None else script.dataset_source
     if source is not None and not Path(source).is_file():

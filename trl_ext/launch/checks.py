@@ -11,7 +11,7 @@ from trl_ext.launch.configs import AccelerateSetup, LaunchError
 TORCH_RENDEZVOUS_PORT = 29500
 
 
-def recipe_task(recipe: str | Path) -> str | None:
+def recipe_script_task(recipe: str | Path) -> str | None:
     """The GRPO task of a trl_ext recipe script (`recipes/countdown.py` -> "countdown"), else None."""
     from trl_ext.recipes import TASK_DEFAULTS
 
@@ -43,7 +43,7 @@ def launch_preflight(
     from trl_ext.preflight.plan import RunContext
     from trl_ext.preflight.problems import PreflightError
 
-    task = recipe_task(recipe)
+    task = recipe_script_task(recipe)
     if task is None or config is None:
         return None
     # Training on the CPU (cpu.yaml) has no GPU memory to check against.

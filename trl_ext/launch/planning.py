@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.launch.checks import launch_preflight, recipe_task, rendezvous_args
+from trl_ext.launch.checks import launch_preflight, recipe_script_task, rendezvous_args
 from trl_ext.launch.configs import AccelerateSetup, LaunchError, read_accelerate_config, read_recipe_serving
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
@@ -281,7 +281,7 @@ def plan_launch(
                 f"(trl vllm-serve --model {serving.model} --port {serving.port}); running accelerate launch only"
             )
         train: list[str] = []
-        if recipe_task(recipe) and not setup.use_cpu:  # the preflight's memory check wants the training GPUs
+        if recipe_script_task(recipe) and not setup.use_cpu:  # the preflight's memory check wants the training GPUs
             available, source = detect_gpus(num_gpus, environ)
             train = split_gpus(setup, available, source)[0] if available else []
         report = launch_preflight(
