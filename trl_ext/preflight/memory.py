@@ -367,15 +367,17 @@ def knobs_to_fit(shape: ModelShape, setup: TrainingSetup, budget_gib: float) -> 
                 unique.append(knob)
         return unique
     combined, flags = setup, []
+    current = estimate_memory(shape, combined)
     for flag, candidate, _caveat in _candidates(setup):
         key = flag.split()[0]
         if any(f.split()[0] == key for f in flags):
             continue
         trial = _merge(combined, candidate, setup)
-        if estimate_memory(shape, trial).peak_bytes < estimate_memory(shape, combined).peak_bytes:
-            combined, flags = trial, [*flags, flag]
-            if estimate_memory(shape, combined).peak_gib <= budget_gib:
-                return [Knob(" ".join(flags), estimate_memory(shape, combined), "all of these together")]
+        estimate = estimate_memory(shape, trial)
+        if estimate.peak_bytes < current.peak_bytes:
+            combined, flags, current = trial, [*flags, flag], estimate
+            if current.peak_gib <= budget_gib:
+                return [Knob(" ".join(flags), current, "all of these together")]
     return []
 
 
