@@ -147,10 +147,16 @@ def _value(obj: Any) -> Any:
     return getattr(obj, "value", obj)
 
 
+def _two_byte_dtype(model_args) -> str | None:
+    """`model_args.dtype` by name when it loads 2-byte weights, else None ("auto": the checkpoint's dtype, bf16 for
+    every Qwen)."""
+    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
+    return dtype if dtype in ("bfloat16", "float16", "auto") else None
+
+
 def training_setup(task: str, script_args, args, model_args, layout: BatchLayout, context: RunContext):
     """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator)."""
-    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
-    two_byte = dtype in ("bfloat16", "float16", "auto")  # "auto": the checkpoint's dtype, bf16 for every Qwen
+    two_byte = _two_byte_dtype(model_args) is not None
     if args.use_vllm:
         generator = "server" if args.vllm_mode == "server" else "colocate"
     else:
@@ -313,8 +319,8 @@ def _semantics(report: Preflight, script_args, args, model_args) -> None:
                 "remove chat_template_kwargs, or set chat_template: true",
             )
         )
-    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
-    if report.context.zero_stage == 0 and dtype in ("bfloat16", "float16", "auto"):
+    dtype = _two_byte_dtype(model_args)
+    if report.context.zero_stage == 0 and dtype is not None:
         report.lines.append(
             f"precision: pure {dtype} weights and optimizer states (dtype {dtype}): lr {args.learning_rate:g} updates "
             "below half a bf16 ulp are lost; dtype float32 + bf16 keeps fp32 master weights (docs/gpu.md)"
