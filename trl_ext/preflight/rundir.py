@@ -50,7 +50,6 @@ IGNORED_FIELDS = frozenset(
         "hub_token",
     }
 )
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # `trl-ext launch` writes the vLLM server's log into output_dir before the trainer starts (and checks this folder).
 _LAUNCHER_FILES = re.compile(r"^vllm_server_\d+\.log$")
 
@@ -96,12 +95,15 @@ def write_record(output_dir: str | Path, record: Mapping) -> Path:
 
 
 def last_checkpoint(output_dir: str | Path) -> Path | None:
-    """The `checkpoint-N` folder with the largest N (as `transformers.trainer_utils.get_last_checkpoint`)."""
+    """The `checkpoint-N` folder with the largest N, by `transformers.trainer_utils.get_last_checkpoint` (the rule
+    the Trainer resumes by); None when `output_dir` does not exist (transformers raises there)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
     folder = Path(output_dir)
     if not folder.is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return max(found)[1] if found else None
+    found = get_last_checkpoint(str(folder))
+    return None if found is None else Path(found)
 
 
 def config_differences(old: Mapping, new: Mapping) -> dict[str, tuple[Any, Any]]:
