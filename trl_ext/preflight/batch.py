@@ -113,10 +113,6 @@ def _value(values: Mapping[str, Any], key: str) -> Any:
     return TRL_BATCH_DEFAULTS.get(key) if value is None else value
 
 
-def _given(values: Mapping[str, Any], key: str) -> bool:
-    return values.get(key) is not None
-
-
 def _eval_on(values: Mapping[str, Any]) -> bool:
     split = values.get("eval_split", "")
     disabled = split is not None and str(split).lower() in ("none", "no")

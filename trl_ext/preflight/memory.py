@@ -72,7 +72,7 @@ def optimizer_state_bytes(optim: str, weight_bytes: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class TrainingSetup:
-    """What one training process holds; every field is a recipe / accelerate setting (see `setup_from_recipe`).
+    """What one training process holds; every field is a recipe / accelerate setting (`plan.training_setup`).
 
     Attributes:
         precision: `fp32_master` (load fp32, bf16 autocast) or `pure_bf16` (weights, gradients, states in bf16).
