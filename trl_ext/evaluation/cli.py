@@ -52,39 +52,20 @@ def register(app: typer.Typer) -> None:
         # Typer ships its own click: compare the parameter source by name.
         given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
         try:
+            if recipe is None and model is None:
+                raise ValueError("give a MODEL, or --recipe to evaluate a recipe's model as it validates")
+            # Every option but MODEL and --recipe is the `EvalConfig` field of the same name.
+            values = {name: value for name, value in ctx.params.items() if name not in ("model", "recipe")}
+            values["max_tokens"] = parse_int_list(max_tokens, "--max-tokens")
+            values["ns"] = parse_int_list(ns, "--ns")
             if recipe is not None:
                 from trl_ext.evaluation.recipe import RECIPE_FIELDS, eval_config_from_recipe
 
                 names = {"data_file", "output_dir", "max_tokens", "backend", "batch_size", "dtype", "limit", "ns"}
-                overrides = {name: ctx.params[name] for name in given & (names | set(RECIPE_FIELDS))}
-                if "max_tokens" in overrides:
-                    overrides["max_tokens"] = parse_int_list(max_tokens, "--max-tokens")
-                if "ns" in overrides:
-                    overrides["ns"] = parse_int_list(ns, "--ns")
+                overrides = {name: values[name] for name in given & (names | set(RECIPE_FIELDS))}
                 cfg = eval_config_from_recipe(recipe, model, **overrides)
-            elif model is None:
-                raise ValueError("give a MODEL, or --recipe to evaluate a recipe's model as it validates")
             else:
-                cfg = EvalConfig(
-                    model=model,
-                    task=task,
-                    data_file=data_file,
-                    split=split,
-                    prompt=prompt,
-                    chat=chat,
-                    max_tokens=parse_int_list(max_tokens, "--max-tokens"),
-                    temperature=temperature,
-                    top_p=top_p,
-                    n=n,
-                    seed=seed,
-                    limit=limit,
-                    output_dir=output_dir,
-                    backend=backend,
-                    batch_size=batch_size,
-                    dtype=dtype,
-                    reward=reward,
-                    ns=parse_int_list(ns, "--ns"),
-                )
+                cfg = EvalConfig(model=model, **values)
         except (ValueError, FileNotFoundError) as err:
             raise typer.BadParameter(str(err)) from None
         report = evaluate(cfg)
