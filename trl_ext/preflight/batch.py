@@ -173,7 +173,8 @@ def check_batches(values: Mapping[str, Any], world_size: int) -> tuple[BatchLayo
     ga_derived = False
     if train is not None and ints["per_device_train_batch_size"] and not ints["gradient_accumulation_steps"]:
         per_device = ints["per_device_train_batch_size"]
-        if train % (per_device * w):
+        ga = _split_train_batch(train, per_device, w)
+        if ga is None:
             problems.append(
                 Problem(
                     "train_batch_size",
@@ -183,7 +184,7 @@ def check_batches(values: Mapping[str, Any], world_size: int) -> tuple[BatchLayo
                 )
             )
             return None, problems
-        ga, ga_derived = train // (per_device * w), True
+        ga_derived = True
     elif train is not None:
         ga = get("gradient_accumulation_steps")
         if train % (ga * w):
@@ -350,6 +351,10 @@ def derive_gradient_accumulation(values: Mapping[str, Any], world_size: int) -> 
     if train is None or per_device is None:
         return None
     train, per_device = int(train), int(per_device)
-    if per_device < 1 or train % (per_device * world_size):
-        return None
-    return train // (per_device * world_size)
+    return None if per_device < 1 else _split_train_batch(train, per_device, world_size)
+
+
+def _split_train_batch(train: int, per_device: int, world_size: int) -> int | None:
+    """The GA that splits `train` completions per step into `per_device` x GA x `world_size`; None when it does not
+    divide (the one rule of a derived GA, for `check_batches` and `derive_gradient_accumulation`)."""
+    return None if train % (per_device * world_size) else train // (per_device * world_size)
