@@ -346,10 +346,17 @@ def question_only_answer(response: str) -> tuple[bool, str | None]:
     return answer is not None, answer
 
 
-def _reward(format_ok: bool, answer_ok: bool) -> dict[str, float]:
+def reward_components(format_ok: bool, answer_ok: bool) -> dict[str, float]:
+    """`{"format_reward", "answer_reward", "reward"}`: the answer counts only with the format."""
     if not format_ok:
         return dict(_NO_FORMAT)
     return {"format_reward": 1.0, "answer_reward": float(answer_ok), "reward": float(answer_ok)}
+
+
+def _graded_reward(extract, response: str, ground_truth, timeout: float) -> dict[str, float]:
+    golds = ground_truth_answers(ground_truth)
+    format_ok, answer = extract(response)
+    return reward_components(format_ok, format_ok and grade_many([answer], [golds], timeout)[0][0])
 
 
 def r1_zero_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOUT_S) -> dict[str, float]:
@@ -365,9 +372,7 @@ def r1_zero_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOU
     Returns:
         `{"format_reward", "answer_reward", "reward"}` floats.
     """
-    golds = ground_truth_answers(ground_truth)
-    format_ok, answer = r1_zero_answer(response)
-    return _reward(format_ok, format_ok and grade_many([answer], [golds], timeout)[0][0])
+    return _graded_reward(r1_zero_answer, response, ground_truth, timeout)
 
 
 def question_only_reward_fn(response: str, ground_truth, timeout: float = GRADE_TIMEOUT_S) -> dict[str, float]:
@@ -381,6 +386,4 @@ def question_only_reward_fn(response: str, ground_truth, timeout: float = GRADE_
     Returns:
         `{"format_reward", "answer_reward", "reward"}` floats.
     """
-    golds = ground_truth_answers(ground_truth)
-    format_ok, answer = question_only_answer(response)
-    return _reward(format_ok, format_ok and grade_many([answer], [golds], timeout)[0][0])
+    return _graded_reward(question_only_answer, response, ground_truth, timeout)
