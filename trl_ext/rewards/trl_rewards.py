@@ -28,6 +28,7 @@ from trl_ext.rewards.math import (
     grade_many,
     question_only_answer,
     r1_zero_answer,
+    reward_components,
 )
 
 __all__ = ["CountdownReward", "MathReward", "completion_text"]
@@ -162,10 +163,7 @@ class MathReward:
         correct, counts = grade_many(
             [a if f else None for f, a in zip(formats, answers, strict=True)], golds, self.timeout
         )
-        components = [
-            {"format_reward": float(f), "answer_reward": float(f and ok), "reward": float(f and ok)}
-            for f, ok in zip(formats, correct, strict=True)
-        ]
+        components = [reward_components(f, ok) for f, ok in zip(formats, correct, strict=True)]
         _report(self.__name__, components, log_metric, log_extra)
         if log_metric is not None:
             log_metric(f"rewards/{self.__name__}/grading_timeouts", counts["timeouts"])
