@@ -31,6 +31,7 @@ never earns a reward.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from fractions import Fraction
@@ -204,6 +205,12 @@ def _base_verdict(pred: str, gold: str) -> bool | None:
     return (form.group(1) + form.group(2)).lower() == other.lower()
 
 
+# A GRPO batch repeats each gold once per completion of its group (and every epoch brings it back): each distinct
+# gold is normalised and pre-checked once. Both functions are pure, and a gold is at most MAX_ANSWER_CHARS long here.
+_normalized_gold = functools.lru_cache(maxsize=4096)(normalize_answer)
+_explosive_gold = functools.lru_cache(maxsize=4096)(explosive)
+
+
 def _cheap_verdict(model_answer, gold: str) -> bool | None:
     """Stages 1-2 (and base subscripts, malformed LaTeX, length bounds); None when symbolic work must decide."""
     if model_answer is None or gold == NEVER_MATCHES:
@@ -211,7 +218,7 @@ def _cheap_verdict(model_answer, gold: str) -> bool | None:
     pred_text = str(model_answer).strip()
     if len(pred_text) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
         return False
-    pred, gold_normalized = normalize_answer(pred_text), normalize_answer(gold)
+    pred, gold_normalized = normalize_answer(pred_text), _normalized_gold(gold)
     if not pred or not gold_normalized:
         return False
     if pred == gold_normalized:
@@ -285,7 +292,7 @@ def grade_many(
                 elif _TIMED_OUT.get(key, 0.0) > time.monotonic():
                     pending[key] = None  # still counts as a timeout, without another cap
                     verdict = key
-                elif explosive(key[1]) or explosive(key[0]):
+                elif explosive(key[1]) or _explosive_gold(key[0]):
                     verdict, rejected[i] = False, True
                 else:
                     pending[key] = None
