@@ -175,7 +175,10 @@ class _Parser:
         opener = self.peek()
         if opener not in _OPEN:
             return self.postfix()
-        self.take()
+        return self.bracketed(self.take())
+
+    def bracketed(self, opener: str) -> float | None:
+        """The content after `opener` (already taken) up to its closer, which is taken when present."""
         size = self.expression()
         if self.peek() == _OPEN[opener]:
             self.take()
@@ -188,10 +191,7 @@ class _Parser:
         if token[0] in _DIGITS or (token[0] == "." and len(token) > 1):
             return math.log10(1.0 + float(token)) if len(token) < 300 else len(token)
         if token in _OPEN:
-            size = self.expression()
-            if self.peek() == _OPEN[token]:
-                self.take()
-            return size
+            return self.bracketed(token)
         if token in ("-", "+"):
             return self.postfix()
         if token in _TWO_ARGUMENTS:
