@@ -316,7 +316,7 @@ class KissingReward:
                 f"{self.__name__}: column 'dimension' has {len(dimensions)} values for {len(completions)} completions"
             )
         results = self.score(completions, dimensions)
-        valid = [r["num_points"] if r["validity"] == 1.0 else 0 for r in results]
+        valid = [kissing_score(r) for r in results]
         if log_metric is not None and results:
             name = self.__name__
             log_metric(f"rewards/{name}/validity", sum(r["validity"] for r in results) / len(results))
