@@ -223,6 +223,18 @@ def _no_program_message(text) -> str:
     return "no ```python code block found in the answer"
 
 
+def _failed(message: str) -> dict:
+    """The result of a completion whose program is missing or produced no `points`: everything zero."""
+    return {
+        "reward": 0.0,
+        "format_reward": 0.0,
+        "answer_reward": 0.0,
+        "validity": 0.0,
+        "num_points": 0,
+        "message": message,
+    }
+
+
 def score_kissing_completion(
     text: str,
     dimension: int = 11,
@@ -240,13 +252,10 @@ def score_kissing_completion(
     """
     program = extract_program(text)
     if program is None:
-        message = _no_program_message(text)
-        return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0, "validity": 0.0, "num_points": 0,
-                "message": message}  # fmt: skip
+        return _failed(_no_program_message(text))
     run = run_points_program(program, (limits or SandboxLimits()).time_limit_s, limits)
     if run["error"] is not None:
-        return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0, "validity": 0.0, "num_points": 0,
-                "message": run["error"]}  # fmt: skip
+        return _failed(run["error"])
     check = verify_kissing_configuration(run["points"], dimension)
     answer = check["num_points"] / scale if check["validity"] == 1.0 else 0.0
     return {
