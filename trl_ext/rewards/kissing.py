@@ -13,6 +13,7 @@ numpy loads on the first verification, not at import: `trl_ext.rewards` stays st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -180,20 +181,22 @@ def kissing_score(result: dict) -> int:
     return int(result["num_points"]) if result.get("validity") == 1.0 else 0
 
 
-def run_points_program(source: str, time_limit_s: float = 10.0, limits: SandboxLimits | None = None) -> dict:
+def run_points_program(source: str, time_limit_s: float | None = None, limits: SandboxLimits | None = None) -> dict:
     """Run a program that defines a global `points` in the sandbox (`trl_ext.rewards.sandbox`) and return it as data.
 
     Args:
         source: the program's Python source; it runs only in a separate, contained process.
-        time_limit_s: wall-clock limit, start-up included (overrides `limits.time_limit_s`).
-        limits: the other limits (memory, processes, file size, output size, ...).
+        time_limit_s: wall-clock limit, start-up included; overrides `limits.time_limit_s` when given (default:
+            that of `limits`, 10 s without them).
+        limits: the run's limits (memory, processes, file size, output size, ...; default `SandboxLimits()`).
 
     Returns:
         `{"points": list or None, "error": None or the verdict, "seconds": float, "output": the last 4 KiB the
         program printed, "isolation": what contained it}`.
     """
-    base = limits or SandboxLimits()
-    limits = SandboxLimits(**{**base.__dict__, "time_limit_s": time_limit_s})
+    limits = limits or SandboxLimits()
+    if time_limit_s is not None:
+        limits = dataclasses.replace(limits, time_limit_s=time_limit_s)
     result = run_python(source, "points", limits)
     result["points"] = result.pop("value")
     return result
@@ -253,7 +256,7 @@ def score_kissing_completion(
     program = extract_program(text)
     if program is None:
         return _failed(_no_program_message(text))
-    run = run_points_program(program, (limits or SandboxLimits()).time_limit_s, limits)
+    run = run_points_program(program, limits=limits)
     if run["error"] is not None:
         return _failed(run["error"])
     check = verify_kissing_configuration(run["points"], dimension)
