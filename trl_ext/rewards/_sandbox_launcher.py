@@ -43,6 +43,7 @@ PR_SET_PDEATHSIG = 1
 RESULT_FD = 3
 CONTROL_FD = 4
 WORKDIR = "/tmp/work"
+SETUP_FAILED = 70  # exit status when the launcher refuses to run the program (EX_SOFTWARE)
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -259,7 +260,7 @@ def _exec_child(config: dict, iso: dict, workdir: str, bootstrap: str) -> None:
         try:
             _emit({"setup_error": f"{type(err).__name__}: {err}"})
         finally:
-            os._exit(70)
+            os._exit(SETUP_FAILED)
 
 
 def main() -> None:
@@ -267,7 +268,7 @@ def main() -> None:
     # Die with the process that started us (a trainer killed mid-batch must not leave programs running).
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl")
     if os.getppid() != config["parent_pid"]:
-        os._exit(70)
+        os._exit(SETUP_FAILED)
     # Move the two pipes to 3 and 4 through numbers >= 10, whatever numbers they arrived on.
     result, control = (fcntl.fcntl(config[key], fcntl.F_DUPFD, 10) for key in ("result_fd", "control_fd"))
     os.close(config["result_fd"])
@@ -284,7 +285,7 @@ def main() -> None:
         iso, workdir = _isolate(config, source)
     except OSError as err:
         _emit({"setup_error": str(err)})
-        os._exit(70)
+        os._exit(SETUP_FAILED)
     if "pid" not in iso["namespaces"]:
         _exec_child(config, iso, workdir, bootstrap)
     child = os.fork()

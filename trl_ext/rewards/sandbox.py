@@ -38,7 +38,6 @@ __all__ = ["SandboxLimits", "run_python"]
 _HERE = Path(__file__).resolve().parent
 LAUNCHER = _HERE / "_sandbox_launcher.py"
 CHILD = _HERE / "_sandbox_child.py"
-SETUP_FAILED = 70  # the launcher's exit status when it refuses to run the program
 OUTPUT_TAIL = 4096
 # Root runs each program under its own unused uid (RLIMIT_NPROC is per uid; root is exempt from it).
 _UID_BASE = 1_000_000_000
