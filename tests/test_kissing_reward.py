@@ -39,6 +39,7 @@ def test_score_of_a_valid_program_is_size_over_595_plus_format():
     assert result["validity"] == 1.0 and result["num_points"] == 220
     assert result["reward"] == pytest.approx(0.1 + 220 / 595)
     assert result["format_reward"] == 0.1 and result["answer_reward"] == pytest.approx(220 / 595)
+    assert result["program"] == D11  # the discovery loop saves this program: it must be the one that ran
 
 
 def test_score_of_an_invalid_program_is_the_format_reward_with_the_verifier_message():
@@ -63,6 +64,7 @@ def test_failures_score_zero_and_say_why(text, message):
     result = score_kissing_completion(text)
     assert result["reward"] == 0.0 and result["format_reward"] == 0.0
     assert result["message"].startswith(message)
+    assert result["program"] == (text[len("```python\n") : -len("```")] if text.endswith("\n```") else None)
 
 
 def test_trl_protocol_logs_validity_and_size():

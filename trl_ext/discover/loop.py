@@ -83,7 +83,7 @@ def _strip_thinking(reply: str) -> str:
 
 
 def _score_replies(replies: list[str], cfg: DiscoveryConfig, round_index: int) -> list[dict]:
-    from trl_ext.rewards.kissing import extract_program, kissing_score, score_kissing_completion
+    from trl_ext.rewards.kissing import kissing_score, score_kissing_completion
     from trl_ext.rewards.sandbox import SandboxLimits
 
     limits = SandboxLimits(time_limit_s=cfg.time_limit_s)
@@ -96,7 +96,7 @@ def _score_replies(replies: list[str], cfg: DiscoveryConfig, round_index: int) -
             "round": round_index,
             "sample": sample,
             "reply": reply,
-            "program": extract_program(reply),
+            "program": result["program"],
             "validity": result["validity"],
             "num_points": result["num_points"],
             "score": kissing_score(result),

@@ -226,7 +226,7 @@ def _no_program_message(text) -> str:
     return "no ```python code block found in the answer"
 
 
-def _failed(message: str) -> dict:
+def _failed(message: str, program: str | None) -> dict:
     """The result of a completion whose program is missing or produced no `points`: everything zero."""
     return {
         "reward": 0.0,
@@ -235,6 +235,7 @@ def _failed(message: str) -> dict:
         "validity": 0.0,
         "num_points": 0,
         "message": message,
+        "program": program,
     }
 
 
@@ -248,17 +249,18 @@ def score_kissing_completion(
     """Score one completion: code block -> sandbox -> verifier.
 
     Returns:
-        `{"reward", "format_reward", "answer_reward", "validity", "num_points", "message"}` where `format_reward` is
-        `format_weight` when a code block ran and defined `points` as a list, `answer_reward = |C| / scale` when the
-        configuration is valid, `reward = format_reward + answer_reward`; `message` is the verifier's message or
-        the sandbox's verdict (what the discovery loop feeds back).
+        `{"reward", "format_reward", "answer_reward", "validity", "num_points", "message", "program"}` where
+        `format_reward` is `format_weight` when a code block ran and defined `points` as a list, `answer_reward =
+        |C| / scale` when the configuration is valid, `reward = format_reward + answer_reward`; `message` is the
+        verifier's message or the sandbox's verdict (what the discovery loop feeds back); `program` is the code
+        block that ran (`extract_program`), None when there is none.
     """
     program = extract_program(text)
     if program is None:
-        return _failed(_no_program_message(text))
+        return _failed(_no_program_message(text), None)
     run = run_points_program(program, limits=limits)
     if run["error"] is not None:
-        return _failed(run["error"])
+        return _failed(run["error"], program)
     check = verify_kissing_configuration(run["points"], dimension)
     answer = check["num_points"] / scale if check["validity"] == 1.0 else 0.0
     return {
@@ -268,6 +270,7 @@ def score_kissing_completion(
         "validity": check["validity"],
         "num_points": check["num_points"],
         "message": check["message"],
+        "program": program,
     }
 
 
