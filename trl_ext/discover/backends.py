@@ -95,13 +95,12 @@ class TransformersChatBackend:
     """
 
     def __init__(self, model: str, dtype: str = "float32", device: str | None = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl_ext.evaluation.transformers_backend import load_model_and_tokenizer
 
         self.name = model
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(self.device).eval()
+        # Its left padding and EOS pad token change nothing here: one prompt per call, never padded.
+        self.model, self.tokenizer = load_model_and_tokenizer(model, dtype, device)
+        self.device = self.model.device
 
     def _prompt(self, messages: list[dict]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
