@@ -47,6 +47,11 @@ def test_loader_reads_dimensions_from_a_file_and_names_a_bad_row(tmp_path):
     bad.write_text('{"dimension": 3}\n{"dimension": "x"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl: row 1: 'dimension' must be a positive integer, got 'x'"):
         load_task("kissing", source=str(bad))
+    # the shared row reader: a split's slice selects rows, and a line that is not JSON is named, not a raw traceback
+    assert load_task("kissing", source=str(good), split="train[1:]")["dimension"] == [11]
+    bad.write_text('{"dimension": 3}\n\n{"dimension": 3,\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 1 \(line 3\): invalid JSON"):
+        load_task("kissing", source=str(bad))
     with pytest.raises(ValueError, match="prompt 'r1_zero' is not for the kissing task"):
         load_task("kissing", prompt="r1_zero")
     assert len(load_task("kissing", limit=5)) == 5

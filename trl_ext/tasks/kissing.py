@@ -54,7 +54,8 @@ def load_kissing(
     Args:
         source: None (the default: `limit` or 1024 rows of `dimension`), or a local `.jsonl` whose rows each give a
             `dimension`.
-        split: accepted for the loader protocol; every split is the same prompt.
+        split: every split is the same prompt; with a `source` file its slice selects rows (`"train[:8]"`, as
+            `datasets` reads it).
         prompt: `kissing` (the only template).
         chat: a user message instead of plain text.
         limit: rows to produce (default 1024), or the first `limit` rows of `source`.
@@ -62,12 +63,12 @@ def load_kissing(
         time_limit_s: the sandbox limit the prompt announces.
 
     Raises:
-        ValueError: an unknown prompt, a missing file, or a row without a positive integer `dimension`
-            (naming the file and the row).
+        ValueError: an unknown prompt, a missing file, or a row that is not a JSON object with a positive integer
+            `dimension` (naming the file and the row).
     """
-    import json
-
     from datasets import Dataset
+
+    from trl_ext.tasks._io import convert_rows, read_rows
 
     if (prompt or "kissing") not in PROMPT_NAMES:
         raise ValueError(f"prompt {prompt!r} is not for the kissing task; valid prompts: {', '.join(PROMPT_NAMES)}")
@@ -79,15 +80,16 @@ def load_kissing(
         path = Path(source)
         if path.suffix != ".jsonl" or not path.is_file():
             raise ValueError(f"kissing task source must be an existing .jsonl file of {{'dimension': d}} rows: {path}")
-        dimensions = []
-        for index, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
-            value = json.loads(line).get("dimension")
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{path}: row {index}: 'dimension' must be a positive integer, got {value!r}")
-            dimensions.append(value)
-        dimensions = dimensions[:limit] if limit else dimensions
+        rows, origin = read_rows(path, split=split, limit=limit)
+        dimensions = convert_rows(rows, origin, _dimension)
     texts = {d: kissing_prompt(d, time_limit_s) for d in set(dimensions)}
     prompts = [[{"role": "user", "content": texts[d]}] if chat else texts[d] for d in dimensions]
     return Dataset.from_dict({"prompt": prompts, "dimension": dimensions})
+
+
+def _dimension(row: dict) -> int:
+    # Stricter than `_io.as_int`: a dimension written as 11.0 is refused, as it always was.
+    value = row.get("dimension")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"'dimension' must be a positive integer, got {value!r}")
+    return value
