@@ -129,6 +129,7 @@ def test_registry():
     assert {f.__name__ for f in REWARD_FUNCS.values()} == {
         "countdown_reward",
         "countdown_reward_at_most_once",
+        "countdown_reward_seed000",
         "r1_zero_reward",
         "question_only_reward",
         "kissing_reward",

@@ -45,7 +45,9 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option(
             "float32", help="Model dtype (transformers, vLLM CPU); vLLM on GPU: float32 = the checkpoint's dtype."
         ),
-        reward: str | None = typer.Option(None, help="countdown, r1_zero, question_only (default: from task/prompt)."),
+        reward: str | None = typer.Option(
+            None, help="countdown, countdown_seed000, r1_zero, question_only (default: from task/prompt)."
+        ),
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:
         """Zero-shot evaluation: accuracy, outcome categories, pass@N and Best@N per token budget."""

@@ -50,6 +50,8 @@ REWARD_FUNCS = {
     "countdown": countdown_reward,
     "countdown_all_numbers": countdown_reward,  # the default rule; the name is kept for configs that use it
     "countdown_at_most_once": CountdownReward(require_all=False),
+    # seed 000's verifier (one equation, unary signs, numbers at most once): the seed-000 recipes score with it
+    "countdown_seed000": CountdownReward(seed000=True),
     "r1_zero": r1_zero_reward,
     "question_only": question_only_reward,
     "kissing": kissing_reward,

@@ -22,6 +22,13 @@ Rules, chosen and fixed here:
   and evaluates it in exact rational arithmetic, so `6/(1-3/4)` is exactly 24.
 - Bounded work on any input: an equation longer than `MAX_EQUATION_CHARS` or nested deeper than `MAX_NESTING`
   parentheses is invalid before it is parsed, and at most `MAX_STEPS` step lines are read.
+
+Seed 000's own rule (`seed000=True`, used by the recipes named after seed 000 so their numbers compare with the
+seed's): one equation of the characters its `_evaluate_equation` admits (ASCII digits, whitespace, `+ - * /`,
+parentheses), read as Python reads them, so a unary sign is allowed (`-2+8` is 6, as `eval` gives it); no "Step X:"
+lines and no `= value` after the equation (`=` is not among those characters); `**` and `//` stay invalid (not
+among the seed's four operations); every number at most once (its `_validate_numbers`: `(64 + 14) - 16` is
+valid for [64, 14, 16, 7]). Still never `eval`-ed: the same exact parser with prefix signs switched on.
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ __all__ = [
     "evaluate_equation",
     "extract_answer",
     "parse_countdown_ground_truth",
+    "resolve_number_rule",
     "score_countdown",
+    "seed000_answer_value",
     "validate_numbers",
 ]
 
@@ -188,6 +197,39 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
     return evaluate_split(parts[::2], used)
 
 
+# Seed 000's `_evaluate_equation` admits these characters (and whitespace) and evaluates what Python makes of them.
+_SEED000_CHARACTERS = frozenset("0123456789+-*/()")
+
+
+def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
+    """Exact value of an answer under seed 000's rule (module docstring), or None when it is invalid there.
+
+    Args:
+        answer: the stripped content of the `<answer>` tag.
+        numbers: the problem's numbers as ints.
+    """
+    if len(answer) > MAX_EQUATION_CHARS and len(" ".join(answer.split())) > MAX_EQUATION_CHARS:
+        return None
+    if not _SEED000_CHARACTERS.issuperset("".join(answer.split())):
+        return None
+    parts = NUMBERS_AND_GAPS.split(answer)
+    used = list(map(int, parts[1::2]))
+    if not _numbers_allowed(used, numbers, False):
+        return None
+    return evaluate_split(parts[::2], used, unary=True)
+
+
+def resolve_number_rule(require_all: bool | None, seed000: bool) -> bool:
+    """`require_all` resolved: True by default; under seed 000's rule (its own: at most once) True is an error."""
+    if seed000:
+        if require_all:
+            raise ValueError(
+                "seed000=True scores with seed 000's number rule (each number at most once); drop require_all"
+            )
+        return False
+    return True if require_all is None else require_all
+
+
 def parse_countdown_ground_truth(ground_truth: Mapping) -> tuple[list[int], int]:
     """`(numbers, target)` from `{"numbers" | "nums": [...], "target": int}` (numpy arrays and ints accepted).
 
@@ -247,8 +289,11 @@ def _as_int(value, field: str) -> int:
     return number
 
 
-def score_code(text: str, numbers: list[int], target: int, require_all: bool = True) -> int:
-    """Outcome of one completion for a parsed ground truth: `NO_TAG`, `WRONG` or `CORRECT` (the batch path)."""
+def score_code(text: str, numbers: list[int], target: int, require_all: bool = True, seed000: bool = False) -> int:
+    """Outcome of one completion for a parsed ground truth: `NO_TAG`, `WRONG` or `CORRECT` (the batch path).
+
+    `seed000` scores with seed 000's rule (module docstring); `require_all` does not apply then.
+    """
     if not isinstance(text, str):  # `extract_answer` inlined (see `_answer_value`)
         return NO_TAG
     end = text.rfind(_CLOSE)
@@ -258,19 +303,24 @@ def score_code(text: str, numbers: list[int], target: int, require_all: bool = T
     if start < 0:
         return NO_TAG
     answer = text[start + len(_OPEN) : end].strip()
-    return CORRECT if _answer_value(answer, numbers, require_all) == target else WRONG
+    value = seed000_answer_value(answer, numbers) if seed000 else _answer_value(answer, numbers, require_all)
+    return CORRECT if value == target else WRONG
 
 
 def _components(code: int) -> dict[str, float]:
     return {"reward": REWARDS[code], "format_reward": float(code > NO_TAG), "answer_reward": float(code == CORRECT)}
 
 
-def score_countdown(text: str, numbers: list[int], target: int, require_all: bool = True) -> dict[str, float]:
+def score_countdown(
+    text: str, numbers: list[int], target: int, require_all: bool | None = None, seed000: bool = False
+) -> dict[str, float]:
     """`countdown_reward_components` for an already parsed ground truth."""
-    return _components(score_code(text, numbers, target, require_all))
+    return _components(score_code(text, numbers, target, resolve_number_rule(require_all, seed000), seed000))
 
 
-def countdown_reward_components(text: str, ground_truth: Mapping, require_all: bool = True) -> dict[str, float]:
+def countdown_reward_components(
+    text: str, ground_truth: Mapping, require_all: bool | None = None, seed000: bool = False
+) -> dict[str, float]:
     """Reward and its two parts for one completion.
 
     `format_reward` = 1 when an `<answer>...</answer>` tag is present; `answer_reward` = 1 when its content is a
@@ -280,22 +330,26 @@ def countdown_reward_components(text: str, ground_truth: Mapping, require_all: b
     Args:
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
-        require_all: every given number must be used exactly once (default); False: at most once (seed 000).
+        require_all: every given number must be used exactly once (default); False: at most once.
+        seed000: seed 000's whole rule (module docstring), with its own number rule (at most once).
 
     Returns:
         `{"reward", "format_reward", "answer_reward"}` floats.
     """
     numbers, target = parse_countdown_ground_truth(ground_truth)
-    return score_countdown(text, numbers, target, require_all)
+    return score_countdown(text, numbers, target, require_all, seed000)
 
 
-def countdown_reward_fn(text: str, ground_truth: Mapping, require_all: bool = True) -> float:
+def countdown_reward_fn(
+    text: str, ground_truth: Mapping, require_all: bool | None = None, seed000: bool = False
+) -> float:
     """1.0 for a correct answer, 0.1 for an answer tag with a wrong or invalid answer, 0.0 without a tag.
 
     Args:
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
-        require_all: every given number must be used exactly once (default); False: at most once (seed 000).
+        require_all: every given number must be used exactly once (default); False: at most once.
+        seed000: seed 000's whole rule (module docstring), with its own number rule (at most once).
     """
     numbers, target = parse_countdown_ground_truth(ground_truth)
-    return REWARDS[score_code(text, numbers, target, require_all)]
+    return REWARDS[score_code(text, numbers, target, resolve_number_rule(require_all, seed000), seed000)]

@@ -3,9 +3,10 @@
 The integers are cut out of the equation; what is left (the "shape", e.g. `(0+0)-0*0`) is parsed once by
 shunting-yard into a list of binary operations (cached: a training run sees few shapes), and the operations run
 on the integers in exact arithmetic (ints while divisions are exact, `Fraction` after), so `6/(1-3/4)` is exactly
-24. The grammar is Python's for these tokens (`+ - * /`, parentheses, integers without leading zeros; no unary
-signs, `**`, `//`, implicit multiplication, names); `tests/test_rewards_countdown_property.py` checks it against
-Python's own parser on every shape up to 6 characters and on random text.
+24. The grammar is Python's for these tokens (`+ - * /`, parentheses, integers without leading zeros; no `**`, `//`,
+implicit multiplication, names); unary signs only with `unary=True` (seed 000's rule, where `-2+8` is 6 as Python's
+`eval` gives it). `tests/test_rewards_countdown_property.py` and `tests/test_rewards_countdown_seed000.py` check it
+against Python's own parser on every shape up to 6 characters and on random text.
 """
 
 from __future__ import annotations
@@ -44,21 +45,29 @@ def _divide(left: Number, right: Number) -> Number:
     return Fraction(left) / right
 
 
+def _negate(value: Number, _same: Number) -> Number:
+    return -value
+
+
+_NEGATE = "u-"  # unary minus on the operator stack; binds tighter than `* /`, as in Python
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
-# Compiled shapes (see `_compile_shape`); a plain dict: a lookup is ~4x cheaper than through `lru_cache`.
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, _NEGATE: 3}
+# Compiled shapes (see `_compile_shape`), one cache per grammar; a plain dict: a lookup is ~4x cheaper than through
+# `lru_cache`.
 _SHAPES: dict[str, tuple | None] = {}
+_UNARY_SHAPES: dict[str, tuple | None] = {}
 _MAX_SHAPES = 1 << 14
 
 
-def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
+def _compile_shape(shape: str, unary: bool = False) -> tuple[tuple, ...] | None:
     """Operations of an expression shape, or None when it is not one.
 
     `shape` is an equation with every integer replaced by `0` and whitespace removed; the grammar is Python's for
     these tokens: `expr := term (("+" | "-") term)*`, `term := atom (("*" | "/") atom)*`, `atom := 0 | "(" expr ")"`
-    (left-associative, no unary signs). Parsed by shunting-yard, checking that operands and operators alternate.
-    Operands are registers 0..k-1 in reading order; operation i `(function, left, right)` writes register k + i;
-    the value is the last register.
+    (left-associative); with `unary`, also `atom := ("+" | "-") atom` (a prefix sign binds tighter than `* /`:
+    `-2*3` is `(-2)*3`). Parsed by shunting-yard, checking that operands and operators alternate. Operands are
+    registers 0..k-1 in reading order; operation i `(function, left, right)` writes register k + i (a negation
+    reads its one operand twice); the value is the last register.
     """
     if not shape or _too_deep(shape):
         return None
@@ -70,8 +79,13 @@ def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
     expect_operand = True
 
     def emit() -> None:
-        right, left = registers.pop(), registers.pop()
-        code.append((_OPERATIONS[pending.pop()], left, right))
+        op = pending.pop()
+        if op == _NEGATE:
+            value = registers.pop()
+            code.append((_negate, value, value))
+        else:
+            right, left = registers.pop(), registers.pop()
+            code.append((_OPERATIONS[op], left, right))
         registers.append(n_operands + len(code) - 1)
 
     for char in shape:
@@ -82,7 +96,9 @@ def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
                 expect_operand = False
             elif char == "(":
                 pending.append(char)
-            else:
+            elif unary and char == "-":
+                pending.append(_NEGATE)  # a prefix operator: nothing to pop before it
+            elif not (unary and char == "+"):  # a unary plus is the identity
                 return None
         elif char in _PRECEDENCE:
             while pending and pending[-1] != "(" and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[char]:
@@ -106,16 +122,20 @@ def _compile_shape(shape: str) -> tuple[tuple, ...] | None:
     return tuple(code)
 
 
-def evaluate_split(gaps: list[str], operands: list[Number]) -> Number | None:
-    """Value of an equation given as the text between its integers (`gaps`) and the integers' values."""
+def evaluate_split(gaps: list[str], operands: list[Number], unary: bool = False) -> Number | None:
+    """Value of an equation given as the text between its integers (`gaps`) and the integers' values.
+
+    `unary` admits prefix signs (`-2+8`), which the default grammar refuses.
+    """
     shape = "0".join(gaps).replace(" ", "")
     if not shape.isprintable():  # other whitespace (newlines, tabs, unicode spaces)
         shape = "".join(shape.split())
-    code = _SHAPES.get(shape, False)
+    shapes = _UNARY_SHAPES if unary else _SHAPES
+    code = shapes.get(shape, False)
     if code is False:
-        if len(_SHAPES) >= _MAX_SHAPES:
-            _SHAPES.clear()
-        code = _SHAPES[shape] = _compile_shape(shape)
+        if len(shapes) >= _MAX_SHAPES:
+            shapes.clear()
+        code = shapes[shape] = _compile_shape(shape, unary)
     if code is None:
         return None
     registers = operands

@@ -19,6 +19,7 @@ from trl_ext.rewards.countdown import (
     REWARDS,
     countdown_numbers_and_target,
     parse_countdown_ground_truth,
+    resolve_number_rule,
     score_code,
 )
 from trl_ext.rewards.ground_truth import ground_truth_answers
@@ -88,15 +89,21 @@ class CountdownReward:
     Args:
         require_all: every given number must be used exactly once (default: the rule the prompts state);
             False: each at most once (seed 000's `validate_numbers`), named `countdown_reward_at_most_once`.
+        seed000: seed 000's whole rule (`trl_ext.rewards.countdown`: one equation, unary signs allowed, numbers at
+            most once), named `countdown_reward_seed000`; `require_all` does not apply.
     """
 
     __name__ = "countdown_reward"
 
-    def __init__(self, require_all: bool = True) -> None:
-        if not isinstance(require_all, bool):
-            raise ValueError(f"require_all must be True or False, got {require_all!r}")
-        self.require_all = require_all
-        if not require_all:
+    def __init__(self, require_all: bool | None = None, seed000: bool = False) -> None:
+        for name, value in (("require_all", require_all), ("seed000", seed000)):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        self.require_all = resolve_number_rule(require_all, seed000)
+        self.seed000 = seed000
+        if seed000:
+            self.__name__ = "countdown_reward_seed000"
+        elif not self.require_all:
             self.__name__ = "countdown_reward_at_most_once"
 
     def ground_truths(self, n: int, columns: Mapping) -> list[tuple[list[int], int]]:
@@ -112,9 +119,9 @@ class CountdownReward:
 
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         truths = self.ground_truths(len(completions), columns)  # bad data fails before any scoring
-        require_all = self.require_all
+        require_all, seed000 = self.require_all, self.seed000
         codes = [
-            score_code(c if type(c) is str else completion_text(c), numbers, target, require_all)
+            score_code(c if type(c) is str else completion_text(c), numbers, target, require_all, seed000)
             for c, (numbers, target) in zip(completions, truths, strict=True)
         ]
         if log_metric is not None or log_extra is not None:
@@ -123,6 +130,8 @@ class CountdownReward:
         return [REWARDS[c] for c in codes]
 
     def __repr__(self) -> str:
+        if self.seed000:
+            return "CountdownReward(seed000=True)"
         return f"CountdownReward(require_all={self.require_all})"
 
 
