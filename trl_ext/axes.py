@@ -50,6 +50,24 @@ TRL_DEFAULT_LOSS_TYPE, TRL_ADVANTAGE_EPS, TRL_EPSILON = "dapo", 1e-4, 0.2
 SEQUENCE_LEVEL_LOSSES = ("gspo", "luspo")
 # TRL fields that parameterise a loss; a loss uses the ones it declares (see trl_ext.objectives.losses).
 LOSS_FIELDS = ("epsilon", "epsilon_high", "delta", "importance_sampling_level")
+# Every config field `resolve_axes` reads. Setting one of them on the command line can make a value a recipe YAML
+# states for another one meaningless (`--pg_loss_type no_baseline` under a recipe's `use_std_normalization: true`);
+# the recipe parser then drops that value (`trl_ext.recipes.parsing`).
+AXIS_FIELDS = (
+    "advantage_type",
+    "pg_loss_type",
+    "length_normalization",
+    "use_std_normalization",
+    "advantage_eps",
+    "normalize_constant",
+    "loss_type",
+    "scale_rewards",
+    "multi_objective_aggregation",
+    "max_completion_length",
+    "beta",
+    "use_bias_correction_kl",
+    *LOSS_FIELDS,
+)
 
 
 @dataclass
@@ -70,12 +88,30 @@ class ResolvedAxes:
     warnings: list[str] = field(default_factory=list)
 
 
-def _conflict(a: str, a_value: object, b: str, b_value: object, why: str) -> ValueError:
-    return ValueError(f"{a}={a_value!r} contradicts {b}={b_value!r} ({why}); set only one of them")
+class AxisFieldError(ValueError):
+    """An axis error that names its fields, so a caller that knows where each value came from can say what to unset.
+
+    Attributes:
+        fields: the explicit fields at fault: the ignored one, or the two that contradict each other.
+        ignored: the resolved combination ignores `fields[0]`: unsetting it changes nothing that trains.
+    """
+
+    def __init__(self, message: str, fields: tuple[str, ...], ignored: bool) -> None:
+        super().__init__(message)
+        self.fields = fields
+        self.ignored = ignored
+
+
+def _conflict(a: str, a_value: object, b: str, b_value: object, why: str) -> AxisFieldError:
+    return AxisFieldError(f"{a}={a_value!r} contradicts {b}={b_value!r} ({why}); set only one of them", (a, b), False)
 
 
 def _ignored(name: str, value: object, by: str, fix: str | None = None) -> str:
     return f"{name}={value!r} is ignored by {by}; {fix or f'unset {name}'}"
+
+
+def _ignored_error(name: str, value: object, by: str, fix: str | None = None) -> AxisFieldError:
+    return AxisFieldError(_ignored(name, value, by, fix), (name,), True)
 
 
 def _check_choice(name: str, value: object, choices) -> None:
@@ -92,7 +128,7 @@ def _resolve_advantage(cfg, preset: str | None, scale: str | None) -> str | None
         why = "multi_objective_aggregation='normalize_then_sum' (it normalises each reward function itself, GDPO)"
         for name in ("advantage_type", "use_std_normalization"):
             if getattr(cfg, name) is not None:
-                raise ValueError(_ignored(name, getattr(cfg, name), why))
+                raise _ignored_error(name, getattr(cfg, name), why)
         if preset == "raw":
             raise _conflict("pg_loss_type", cfg.pg_loss_type, "multi_objective_aggregation", "normalize_then_sum", why)
         return None
@@ -104,7 +140,7 @@ def _resolve_advantage(cfg, preset: str | None, scale: str | None) -> str | None
                 "pg_loss_type", cfg.pg_loss_type, "advantage_type", chosen, "raw rewards are pg_loss_type=no_baseline"
             )
         if std is not None and chosen not in ("group_mean", "group_mean_std"):
-            raise ValueError(_ignored("use_std_normalization", std, f"advantage_type={chosen!r}"))
+            raise _ignored_error("use_std_normalization", std, f"advantage_type={chosen!r}")
         if from_std is not None and from_std != chosen:
             raise _conflict("use_std_normalization", std, "advantage_type", chosen, f"which means {from_std}")
         if from_scale is not None and from_scale != chosen:
@@ -112,7 +148,7 @@ def _resolve_advantage(cfg, preset: str | None, scale: str | None) -> str | None
         return chosen
     if preset == "raw":
         if std is not None:
-            raise ValueError(_ignored("use_std_normalization", std, "raw advantages (pg_loss_type='no_baseline')"))
+            raise _ignored_error("use_std_normalization", std, "raw advantages (pg_loss_type='no_baseline')")
         if scale is not None:
             raise _conflict("scale_rewards", scale, "pg_loss_type", cfg.pg_loss_type, "no_baseline means A = r")
         return "raw"
@@ -121,7 +157,9 @@ def _resolve_advantage(cfg, preset: str | None, scale: str | None) -> str | None
     return from_std or from_scale or TRL_SCALE_REWARDS["group"]
 
 
-def _resolve_loss_fields(cfg, pg: str, ours: bool, ignored: list[str]) -> tuple[float | None, float | None, str]:
+def _resolve_loss_fields(
+    cfg, pg: str, ours: bool, ignored: list[tuple[str, str]]
+) -> tuple[float | None, float | None, str]:
     """`epsilon`, `epsilon_high`, `importance_sampling_level` for the loss `pg`; explicit unused ones -> `ignored`."""
     used = set(PG_LOSSES.parameters(pg)) & set(LOSS_FIELDS)
     if cfg.beta != 0.0 and cfg.use_bias_correction_kl:
@@ -136,7 +174,7 @@ def _resolve_loss_fields(cfg, pg: str, ours: bool, ignored: list[str]) -> tuple[
         used.add("epsilon")  # TRL's cispo caps the ratio at epsilon when epsilon_high is unset
     for name in LOSS_FIELDS:
         if getattr(cfg, name) is not None and name not in used:
-            ignored.append(_ignored(name, getattr(cfg, name), f"pg_loss_type={pg!r}"))
+            ignored.append((name, _ignored(name, getattr(cfg, name), f"pg_loss_type={pg!r}")))
     epsilon = cfg.epsilon if cfg.epsilon is not None else (TRL_EPSILON if "epsilon" in used else None)
     epsilon_high = cfg.epsilon_high
     if "epsilon_high" in used and epsilon_high is None:
@@ -191,7 +229,7 @@ def resolve_axes(cfg) -> ResolvedAxes:
     advantage = _resolve_advantage(cfg, preset, scale)
     uses_eps = advantage is None or "advantage_eps" in ADVANTAGES.parameters(advantage)
     if cfg.advantage_eps is not None and not uses_eps:
-        raise ValueError(_ignored("advantage_eps", cfg.advantage_eps, f"advantage_type={advantage!r}"))
+        raise _ignored_error("advantage_eps", cfg.advantage_eps, f"advantage_type={advantage!r}")
     advantage_eps = cfg.advantage_eps if cfg.advantage_eps is not None else (TRL_ADVANTAGE_EPS if uses_eps else None)
 
     normalize_constant = cfg.normalize_constant
@@ -199,15 +237,13 @@ def resolve_axes(cfg) -> ResolvedAxes:
         normalize_constant = float(normalize_constant or cfg.max_completion_length)
     elif normalize_constant is not None:
         fix = "unset it, or choose length_normalization='masked_normalize'"
-        raise ValueError(
-            _ignored("normalize_constant", normalize_constant, f"length_normalization={reduction!r}", fix)
-        )
+        raise _ignored_error("normalize_constant", normalize_constant, f"length_normalization={reduction!r}", fix)
 
-    ignored: list[str] = []
+    ignored: list[tuple[str, str]] = []
     epsilon, epsilon_high, level = _resolve_loss_fields(cfg, pg, ours, ignored)
     if ignored and ours:
-        raise ValueError(ignored[0])
-    warnings = [f"{message} (trl.GRPOConfig accepts it; AblationGRPOConfig keeps it)" for message in ignored]
+        raise AxisFieldError(ignored[0][1], (ignored[0][0],), True)
+    warnings = [f"{message} (trl.GRPOConfig accepts it; AblationGRPOConfig keeps it)" for _, message in ignored]
     if scale is not None and cfg.multi_objective_aggregation == "normalize_then_sum":
         warnings.append(_ignored("scale_rewards", scale, "multi_objective_aggregation='normalize_then_sum'"))
     loss_type = cfg.loss_type or _trl_loss_type(pg, reduction, normalize_constant, cfg.max_completion_length)

@@ -3,14 +3,23 @@ derived from the parsed values (`max_steps` from `n_grpo_steps`, vLLM-only sampl
 
 A recipe that states `train_batch_size` and `per_device_train_batch_size` but not `gradient_accumulation_steps` gets
 GA derived for the number of training processes (`trl_ext.preflight.batch.derive_gradient_accumulation`), so the
-same YAML trains 256 completions per step on 1, 2, 4 or 8 GPUs."""
+same YAML trains 256 completions per step on 1, 2, 4 or 8 GPUs.
+
+Every flag a YAML can set, the command line can set or unset: a field that may be None takes `null` (YAML's spelling
+of None; `--use_std_normalization null`, `--reward_funcs null`). A flag that changes an objective axis
+(`trl_ext.axes.AXIS_FIELDS`) can make a value the YAML states for another field meaningless: `--pg_loss_type
+no_baseline` on a recipe with `use_std_normalization: true` (raw rewards have no std). Such a YAML value is dropped,
+with a warning naming it and its file, because it would not change what trains. When a flag contradicts a YAML value
+instead (both would change what trains), the error names the flag that unsets the YAML's value."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +37,20 @@ def _recipe_parser_class():
     from trl import TrlParser
 
     class RecipeParser(TrlParser):
-        """`TrlParser` whose `--config` YAML may have a `base:` chain; unknown keys name their file."""
+        """`TrlParser` whose `--config` YAML may have a `base:` chain; unknown keys name their file; `null` unsets
+        any field that may be None (module docstring)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._null_lists = accept_null(self)
+            self.dropped: list[str] = []  # YAML values dropped by the last parse (module docstring)
+
+        def parse_known_args(self, args=None, namespace=None):
+            namespace, remaining = super().parse_known_args(args, namespace)
+            for dest in self._null_lists:  # `--reward_funcs null` arrives as [None]
+                if getattr(namespace, dest, None) == [None]:
+                    setattr(namespace, dest, None)
+            return namespace, remaining
 
         def parse_args_and_config(self, args: Sequence[str] | None = None, **kwargs):
             args = list(sys.argv[1:] if args is None else args)
@@ -58,14 +80,95 @@ def _recipe_parser_class():
             if "run_name" in known:
                 config.setdefault("run_name", name)
             self.set_defaults_with_config(**config)
-            try:
-                return self.parse_args_into_dataclasses(args=args)
-            except (ValueError, TypeError) as err:
-                if isinstance(err, RecipeError):
-                    raise
-                raise RecipeError(f"{Path(config_path).resolve()}: {err}") from err
+            return _parse_resolving_axes(self, args, config, sources, Path(config_path).resolve())
 
     return RecipeParser
+
+
+def _parse_resolving_axes(parser, args: list[str], config: dict, sources: dict, path: Path):
+    """`parse_args_into_dataclasses` with the YAML values that command-line axis flags make meaningless dropped, and
+    the YAML values they contradict named with the flags that unset them (module docstring)."""
+    from trl_ext.axes import AXIS_FIELDS, AxisFieldError
+
+    given = fields_on_command_line(parser, args)
+    changes_axes = bool(given & set(AXIS_FIELDS))
+    parser.dropped, conflicts = [], []
+    for _ in range(len(config) + 1):
+        try:
+            parsed = parser.parse_args_into_dataclasses(args=args)
+            break
+        except AxisFieldError as err:
+            from_yaml = [f for f in err.fields if f not in given and config.get(f) is not None]
+            if not (changes_axes and from_yaml) or (not err.ignored and len(from_yaml) == len(err.fields)):
+                where = "".join(f"; {f} is set in {sources[f]}" for f in from_yaml)
+                raise RecipeError(f"{path}: {err}{where}") from err
+            field = from_yaml[0]
+            if err.ignored:  # unsetting it changes nothing that trains
+                note = f"{sources[field]}: {field}: {config[field]!r} dropped: {str(err).split(';')[0]}"
+                parser.dropped.append(f"{note} (set by the command line)")
+            else:
+                conflicts.append((field, f"{err} ({field} is set in {sources[field]})"))
+            config[field] = None
+            parser.set_defaults_with_config(**{field: None})
+        except (ValueError, TypeError) as err:
+            if conflicts:
+                break
+            if isinstance(err, RecipeError):
+                raise
+            raise RecipeError(f"{path}: {err}") from err
+    if conflicts:
+        flags = " ".join(f"--{field} null" for field, _ in conflicts)
+        raise RecipeError(
+            f"{path}: the command line contradicts the recipe: {'; '.join(m for _, m in conflicts)}. To drop the "
+            f"recipe's value{'s' if len(conflicts) > 1 else ''}, add {flags}"
+        )
+    for note in parser.dropped:
+        logger.warning(note)
+    return parsed
+
+
+def fields_on_command_line(parser, args: Sequence[str]) -> set[str]:
+    """Destinations of the flags in `args` (`--key value`, `--key=value`, `--no_key`), by the parser's own options."""
+    by_option = {option: action.dest for action in parser._actions for option in action.option_strings}
+    return {by_option[token.split("=", 1)[0]] for token in args if token.split("=", 1)[0] in by_option}
+
+
+class _ChoicesOrNull(list):
+    """An argparse `choices` list that also admits None (what `null` parses to); help still lists the choices."""
+
+    def __contains__(self, value) -> bool:
+        return value is None or super().__contains__(value)
+
+
+def _null_or(convert):
+    def parse(text):
+        return None if isinstance(text, str) and text.lower() == "null" else convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its error messages
+    return parse
+
+
+def accept_null(parser) -> list[str]:
+    """Let every flag whose dataclass field may be None take `null`; returns the list-valued ones (`nargs='+'`).
+
+    TRL's parser already maps `none` / `null` for numbers, not for `bool | None`, `str | None` (where `none` can be a
+    real value, as `report_to: none`), choices or lists; `null` is YAML's spelling of None, so it is the one word.
+    """
+    hints = {}
+    for dataclass_type in parser.dataclass_types:
+        types = typing.get_type_hints(dataclass_type)
+        hints.update({f.name: types[f.name] for f in dataclasses.fields(dataclass_type) if f.init})
+    lists = []
+    for action in parser._actions:
+        hint = hints.get(action.dest)
+        if action.type is None or hint is None or type(None) not in typing.get_args(hint):
+            continue  # `--no_<flag>` store_false actions, help, fields that cannot be None
+        action.type = _null_or(action.type)
+        if action.choices is not None:
+            action.choices = _ChoicesOrNull(action.choices)
+        if action.nargs == "+":
+            lists.append(action.dest)
+    return lists
 
 
 def _derive_gradient_accumulation(config: dict, args: Sequence[str]) -> None:
