@@ -33,9 +33,15 @@ def resolve_backend(backend: str) -> str:
 
 
 def load_problems(cfg: EvalConfig) -> tuple[list[str] | list[list[dict]], list[dict]]:
-    """Task rows and their prompts (strings, or chat messages when `cfg.chat`); raises before any model loads."""
-    from trl_ext.tasks import load_task
+    """Task rows and their prompts (strings, or chat messages when `cfg.chat`); raises before any model loads.
 
+    A split of `auto` (a recipe's Countdown default) is resolved as the recipe resolves it, and `cfg.split` is set to
+    the split read, so `summary.json` records it.
+    """
+    from trl_ext.tasks import AUTO, choose_splits, load_task
+
+    if cfg.split == AUTO:
+        cfg.split = choose_splits(cfg.task, cfg.data_file, AUTO, AUTO).eval
     dataset = load_task(
         cfg.task, source=cfg.data_file, split=cfg.split, prompt=cfg.prompt, chat=cfg.chat, limit=cfg.limit
     )

@@ -24,8 +24,8 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
     """Reward components `{"reward", "format_reward", "answer_reward"}` of one response.
 
     Args:
-        reward: a name (`countdown`, `countdown_seed000`, `r1_zero`, `question_only`) or a function returning the components, e.g.
-            `functools.partial(countdown_reward_components, require_all=True)`.
+        reward: a name (`countdown`, `countdown_seed000`, `r1_zero`, `question_only`) or a function returning the
+            components, e.g. `functools.partial(countdown_reward_components, require_all=True)`.
         response: the cut response text.
         ground_truth: what the reward compares with (see `ground_truth_of`).
     """

@@ -8,13 +8,14 @@ from typing import Any
 from trl_ext.recipes.yaml_chain import RecipeError
 
 # Per task: default prompt, reward functions, and the splits that keep training and validation disjoint.
-# The Countdown hub set has only a train split, so its last 1024 rows are held out (as TinyZero does).
+# Countdown's are `auto`, read from the source when the data loads (trl_ext.tasks.splits): its own held-out split
+# when it has one (validation, valid, dev, test), else its last 1024 rows of `train` (then training on the rest).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "countdown": {
         "prompt": "countdown",
         "reward_funcs": ["countdown"],
-        "dataset_split": "train[:-1024]",
-        "eval_split": "train[-1024:]",
+        "dataset_split": "auto",
+        "eval_split": "auto",
     },
     "gsm8k": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
     "math": {"prompt": "r1_zero", "reward_funcs": ["r1_zero"], "dataset_split": "train", "eval_split": "test"},
@@ -38,8 +39,9 @@ class GRPOScriptArguments:
     dataset_split: str | None = field(
         default=None,
         metadata={
-            "help": "Split of dataset_source, with datasets' slicing (e.g. 'train[:-1024]'). Default: the task's "
-            "(Countdown: 'train[:-1024]'; GSM8K, MATH: 'train')."
+            "help": "Split of dataset_source, with datasets' slicing (e.g. 'train[:-1024]'); 'auto': 'train', or "
+            "'train[:-1024]' when validation takes the last 1024 rows of the same 'train'. Default: the task's "
+            "(Countdown: 'auto'; GSM8K, MATH: 'train')."
         },
     )
     limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
@@ -72,8 +74,9 @@ class GRPOScriptArguments:
     eval_split: str | None = field(
         default=None,
         metadata={
-            "help": "Split of eval_source used for validation during and after training; 'none' disables it. "
-            "Default: the task's (Countdown: 'train[-1024:]'; GSM8K, MATH: 'test')."
+            "help": "Split of eval_source used for validation during and after training; 'none' disables it; "
+            "'auto': the source's own held-out split (validation, valid, dev or test, read when the data loads), "
+            "else its last 1024 rows of 'train'. Default: the task's (Countdown: 'auto'; GSM8K, MATH: 'test')."
         },
     )
     eval_limit: int | None = field(

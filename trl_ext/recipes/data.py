@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments
 from trl_ext.recipes.yaml_chain import RecipeError
+
+logger = logging.getLogger(__name__)
 
 
 def _is_disabled(split: str | None) -> bool:
@@ -15,12 +18,28 @@ def _is_disabled(split: str | None) -> bool:
 def load_grpo_datasets(task: str, script_args: GRPOScriptArguments, training_args=None):
     """Training and validation datasets of a GRPO recipe through `trl_ext.tasks.load_task`.
 
+    `auto` splits (Countdown's default) are resolved here from the source's own splits
+    (`trl_ext.tasks.choose_splits`); `script_args` then holds the splits read, and the log says which and why.
+
     Returns:
         `(train_dataset, eval_dataset)`; `eval_dataset` is None when `eval_split` is 'none' or
         `training_args.eval_strategy` is "no" and `final_eval` is off.
     """
-    from trl_ext.tasks import load_task
+    from trl_ext.tasks import AUTO, choose_splits, load_task
 
+    if AUTO in (script_args.dataset_split, script_args.eval_split):
+        try:
+            splits = choose_splits(
+                task,
+                script_args.dataset_source,
+                script_args.dataset_split,
+                script_args.eval_split,
+                script_args.eval_source,
+            )
+        except ValueError as err:
+            raise RecipeError(f"dataset_split / eval_split 'auto': {err}") from None
+        logger.warning("%s: training on %r, %s", task, splits.train, splits.reason)
+        script_args.dataset_split, script_args.eval_split = splits.train, splits.eval
     common = {"prompt": script_args.prompt, "chat": script_args.chat_template}
     train = load_task(
         task, source=script_args.dataset_source, split=script_args.dataset_split, limit=script_args.limit, **common

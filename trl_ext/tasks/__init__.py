@@ -7,6 +7,7 @@
 | math | `hiyouga/math12k`; `HuggingFaceH4/MATH-500` (test) | r1_zero, question_only, intellect | `ground_truth` |
 
 `load_task(name, source, split, prompt, chat, limit)` dispatches; `source` may be a local `.parquet`/`.jsonl`.
+`choose_splits` resolves a recipe's `auto` splits (the source's own held-out split, else the tail of `train`).
 `datasets` is imported only when a loader runs, so importing this package is cheap.
 """
 
@@ -31,6 +32,7 @@ from trl_ext.tasks.gsm8k import gsm8k_final_answer, load_gsm8k
 from trl_ext.tasks.kissing import kissing_prompt, load_kissing
 from trl_ext.tasks.math import load_math
 from trl_ext.tasks.prompts import CHAT_PROMPTS, PROMPTS, format_prompt, get_prompt
+from trl_ext.tasks.splits import AUTO, SplitChoice, choose_splits, split_names
 
 #: Loader of each task name.
 TASKS = {"countdown": load_countdown, "gsm8k": load_gsm8k, "math": load_math, "kissing": load_kissing}
@@ -62,12 +64,15 @@ def load_task(
 
 
 __all__ = [
+    "AUTO",
     "CHAT_PROMPTS",
     "COUNTDOWN_QUESTION",
     "PROMPTS",
     "TASKS",
     "RowError",
+    "SplitChoice",
     "compact_completion",
+    "choose_splits",
     "compact_prompt",
     "countdown_key",
     "countdown_prompt",
@@ -85,4 +90,5 @@ __all__ = [
     "make_countdown_demo_splits",
     "make_countdown_problems",
     "solve_countdown",
+    "split_names",
 ]
