@@ -1,4 +1,5 @@
-"""Seed 000's own Countdown verifier (`seed000=True`, registry name `countdown_seed000`).
+"""Seed 000's own Countdown verifier (`seed000=True`, registry name `countdown_seed000`), and seed 001's 1 / 0
+Countdown reward (`binary=True`, `countdown_binary`).
 
 The seed's asserts are checked as the seed writes them; the rule's grammar is checked against an independent oracle:
 Python's own parser (`ast`) on the seed's character set, with the node whitelist extended by unary `+` / `-` (what
@@ -129,3 +130,19 @@ def test_registry_name_pickle_and_argument_checks():
         CountdownReward(require_all=True, seed000=True)
     with pytest.raises(ValueError, match="drop require_all"):
         countdown_reward_fn("<answer>8-2</answer>", {"numbers": [2, 8], "target": 6}, require_all=True, seed000=True)
+
+
+def test_binary_reward_pays_only_correct_answers_and_keeps_the_components():
+    """Seed 001 section 6.3: reward 1 for a verified answer, 0 otherwise (no 0.1 for a tagged wrong answer)."""
+    binary = REWARD_FUNCS["countdown_binary"]
+    texts = ["<answer>(1 + 2) * 3</answer>", "<answer>1 + 2 + 3</answer>", "no tag"]
+    columns = {"nums": [[1, 2, 3]] * 3, "target": [9] * 3}
+    assert binary(texts, **columns) == [1.0, 0.0, 0.0] and binary.__name__ == "countdown_reward_binary"
+    assert REWARD_FUNCS["countdown"](texts, **columns) == [1.0, 0.1, 0.0]
+    logged = {}
+    binary(texts, log_metric=lambda key, value: logged.__setitem__(key, value), **columns)
+    assert logged == {
+        "rewards/countdown_reward_binary/format_reward": pytest.approx(2 / 3),
+        "rewards/countdown_reward_binary/answer_reward": pytest.approx(1 / 3),
+    }
+    assert pickle.loads(pickle.dumps(binary))(texts, **columns) == [1.0, 0.0, 0.0]

@@ -130,6 +130,7 @@ def test_registry():
         "countdown_reward",
         "countdown_reward_at_most_once",
         "countdown_reward_seed000",
+        "countdown_reward_binary",
         "r1_zero_reward",
         "question_only_reward",
         "kissing_reward",

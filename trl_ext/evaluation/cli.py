@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
             "float32", help="Model dtype (transformers, vLLM CPU); vLLM on GPU: float32 = the checkpoint's dtype."
         ),
         reward: str | None = typer.Option(
-            None, help="countdown, countdown_seed000, r1_zero, question_only (default: from task/prompt)."
+            None,
+            help="countdown, countdown_seed000, countdown_binary, r1_zero, question_only (default: from task/prompt).",
         ),
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:

@@ -24,8 +24,8 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
     """Reward components `{"reward", "format_reward", "answer_reward"}` of one response.
 
     Args:
-        reward: a name (`countdown`, `countdown_seed000`, `r1_zero`, `question_only`) or a function returning the
-            components, e.g. `functools.partial(countdown_reward_components, require_all=True)`.
+        reward: a name (`countdown`, `countdown_seed000`, `countdown_binary`, `r1_zero`, `question_only`) or a
+            function returning the components, e.g. `functools.partial(countdown_reward_components, require_all=True)`.
         response: the cut response text.
         ground_truth: what the reward compares with (see `ground_truth_of`).
     """
@@ -37,6 +37,9 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
         return dict(rewards.countdown_reward_components(response, ground_truth))
     if reward == "countdown_seed000":
         return dict(rewards.countdown_reward_components(response, ground_truth, seed000=True))
+    if reward == "countdown_binary":  # the same components; the reward is the answer's 1 / 0
+        components = dict(rewards.countdown_reward_components(response, ground_truth))
+        return {**components, "reward": components["answer_reward"]}
     if reward == "r1_zero":
         return dict(rewards.r1_zero_reward_fn(response, ground_truth))
     return dict(rewards.question_only_reward_fn(response, ground_truth))

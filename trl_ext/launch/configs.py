@@ -23,6 +23,7 @@ _SERVING_KEYS = (
     "vllm_server_host",
     "vllm_server_port",
     "vllm_server_base_url",
+    "vllm_gpu_memory_utilization",
     "output_dir",
 )
 
@@ -149,6 +150,7 @@ class RecipeServing:
     port: int = TRL_DEFAULT_PORT
     output_dir: str | None = None
     base_url: str | None = None
+    gpu_memory_utilization: float | None = None  # the recipe's vLLM share, passed to the server it starts
 
     @property
     def server_mode(self) -> bool:
@@ -193,6 +195,8 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
     model = values.get("model_name_or_path")
     output_dir = values.get("output_dir")
+    stated = values.get("vllm_gpu_memory_utilization")
+    share = None if stated is None else _as_share(stated, f"{source}: `vllm_gpu_memory_utilization`")
     return RecipeServing(
         use_vllm=use_vllm,
         vllm_mode=vllm_mode,
@@ -201,6 +205,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         port=port,
         output_dir=None if output_dir is None else str(output_dir),
         base_url=str(base_url) if base_url else None,
+        gpu_memory_utilization=share,
     )
 
 
@@ -217,6 +222,16 @@ def _as_bool(value, what: str) -> bool:
     if text in ("false", "0", "no", "n"):
         return False
     raise LaunchError(f"{what} must be true or false, got {value!r}")
+
+
+def _as_share(value, what: str) -> float:
+    try:
+        share = float(str(value).strip())
+    except ValueError:
+        share = -1.0
+    if isinstance(value, bool) or not 0 < share <= 1:
+        raise LaunchError(f"{what} must be a fraction in (0, 1], got {value!r}")
+    return share
 
 
 def _as_int(value, what: str, minimum: int = 0) -> int:

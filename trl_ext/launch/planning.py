@@ -322,6 +322,9 @@ def plan_launch(
         next((p.port for p in report.ports if p.field == "vllm_server_port"), serving.port) if report else serving.port
     )
     bind_host, extra_args, bind_note = _bind(setup, serving, list(extra_args), port)
+    stated = {a.lstrip("-").split("=")[0].replace("-", "_") for a in vllm_args}
+    if serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
+        vllm_args = [*vllm_args, "--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
     server = server_command(serving.model, bind_host, port, tp, dp, server_gpus, vllm_args, server_cmd)
     # The trainer sees only its own GPUs, so nothing in it can touch the server's.
     trainer_env = {"CUDA_VISIBLE_DEVICES": ",".join(train)}

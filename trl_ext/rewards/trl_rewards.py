@@ -91,20 +91,25 @@ class CountdownReward:
             False: each at most once (seed 000's `validate_numbers`), named `countdown_reward_at_most_once`.
         seed000: seed 000's whole rule (`trl_ext.rewards.countdown`: one equation, unary signs allowed, numbers at
             most once), named `countdown_reward_seed000`; `require_all` does not apply.
+        binary: 1.0 for a correct answer, else 0.0 (no 0.1 for a tagged wrong answer: the verified 1 / 0 reward of
+            seed 001's section 6.3); `_binary` is appended to the name. The components are the same.
     """
 
     __name__ = "countdown_reward"
 
-    def __init__(self, require_all: bool | None = None, seed000: bool = False) -> None:
-        for name, value in (("require_all", require_all), ("seed000", seed000)):
+    def __init__(self, require_all: bool | None = None, seed000: bool = False, binary: bool = False) -> None:
+        for name, value in (("require_all", require_all), ("seed000", seed000), ("binary", binary)):
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         self.require_all = resolve_number_rule(require_all, seed000)
         self.seed000 = seed000
+        self.binary = binary
         if seed000:
             self.__name__ = "countdown_reward_seed000"
         elif not self.require_all:
             self.__name__ = "countdown_reward_at_most_once"
+        if binary:
+            self.__name__ += "_binary"
 
     def ground_truths(self, n: int, columns: Mapping) -> list[tuple[list[int], int]]:
         """`(numbers, target)` per completion from the batch's columns; ValueError naming a missing column."""
@@ -127,12 +132,11 @@ class CountdownReward:
         if log_metric is not None or log_extra is not None:
             components = [{"format_reward": float(c > NO_TAG), "answer_reward": float(c == CORRECT)} for c in codes]
             _report(self.__name__, components, log_metric, log_extra)
-        return [REWARDS[c] for c in codes]
+        return [float(c == CORRECT) for c in codes] if self.binary else [REWARDS[c] for c in codes]
 
     def __repr__(self) -> str:
-        if self.seed000:
-            return "CountdownReward(seed000=True)"
-        return f"CountdownReward(require_all={self.require_all})"
+        rule = "seed000=True" if self.seed000 else f"require_all={self.require_all}"
+        return f"CountdownReward({rule}{', binary=True' if self.binary else ''})"
 
 
 class MathReward:
