@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import shared_path
 
@@ -41,6 +42,40 @@ def _parse(recipe: str, *extra: str):
     return parse_recipe_args(_task(recipe), ["--config", str(RECIPES / recipe), *CPU, *extra])
 
 
+LRS = ("3e-6", "3e-5", "1e-4")
+
+
+def _seed_ablations(task: str) -> dict[str, tuple[str, set[str]]]:
+    """Seeds 002 (GSM8K) and 003 (MATH): the same ablation files on each task, against its r1_zero.yaml."""
+    root, broad = f"{task}/offpolicy_e1_tb256.yaml", f"{task}/offpolicy_e1_tb256_broad.yaml"
+
+    def grid(epochs: int, train: int) -> set[str]:
+        return ({"epochs_per_rollout_batch"} if epochs != 1 else set()) | (
+            {"train_batch_size"} if train != 256 else set()
+        )
+
+    return {
+        **{f"{task}/lr_{lr}.yaml": (f"{task}/r1_zero.yaml", {"learning_rate"}) for lr in LRS},
+        f"{task}/no_baseline.yaml": (
+            f"{task}/r1_zero.yaml",
+            {"pg_loss_type", "use_std_normalization", "advantage_eps"},
+        ),
+        f"{task}/masked_normalize.yaml": (f"{task}/r1_zero.yaml", {"length_normalization"}),
+        f"{task}/no_std.yaml": (f"{task}/r1_zero.yaml", {"use_std_normalization", "advantage_eps"}),
+        f"{task}/question_only.yaml": (f"{task}/r1_zero.yaml", {"prompt", "reward_funcs", "generation_kwargs"}),
+        root: (f"{task}/r1_zero.yaml", {"pg_loss_type", "epsilon"}),
+        **{f"{task}/offpolicy_e{e}_tb{t}.yaml": (root, grid(e, t)) for e, t in ((1, 64), (2, 128), (4, 256))},
+        broad: (root, {"n_grpo_steps", "eval_steps"}),
+        **{
+            f"{task}/offpolicy_e{e}_tb{t}_broad.yaml": (broad, grid(e, t))
+            for e in (1, 2, 4, 8)
+            for t in (256, 128, 64)
+            if (e, t) != (1, 256)
+        },
+        f"{task}/grpo_no_clip.yaml": (f"{task}/offpolicy_e2_tb128.yaml", {"pg_loss_type", "epsilon"}),
+    }
+
+
 # recipe -> (the recipe it is compared with, the keys whose resolved values must differ). Every YAML except the
 # two roots must be listed, so a new recipe cannot skip this check.
 OFF_POLICY = {
@@ -58,10 +93,22 @@ DIFFS = {
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "chat_template_kwargs", "reward_funcs"},
     ),
-    "countdown/seed001.yaml": ("countdown/base.yaml", {"temperature"}),
+    # seed 001's own run: its model, data files, prompt as plain text, 1 / 0 reward, temperature and vLLM share
+    "countdown/seed001.yaml": (
+        "grpo_defaults.yaml",
+        {"model_name_or_path", "prompt", "chat_template", "reward_funcs", "temperature", "vllm_gpu_memory_utilization"}
+        | {"dataset_source", "dataset_split", "eval_source", "eval_split"},
+    ),
+    **{f"countdown/seed001_lr_{lr}.yaml": ("countdown/seed001.yaml", {"learning_rate"}) for lr in LRS},
+    "countdown/seed001_no_baseline.yaml": (
+        "countdown/seed001.yaml",
+        {"pg_loss_type", "use_std_normalization", "advantage_eps"},
+    ),
+    "countdown/seed001_masked_normalize.yaml": ("countdown/seed001.yaml", {"length_normalization"}),
+    "countdown/seed001_no_std.yaml": ("countdown/seed001.yaml", {"use_std_normalization", "advantage_eps"}),
     "countdown/seed000_grpo_l512.yaml": (
         "countdown/base.yaml",
-        {"prompt", "pg_loss_type", "epsilon", "max_completion_length"},
+        {"prompt", "reward_funcs", "pg_loss_type", "epsilon", "max_completion_length"},
     ),
     "countdown/seed000_grpo_l256.yaml": ("countdown/seed000_grpo_l512.yaml", {"max_completion_length"}),
     "countdown/seed000_drgrpo_l512.yaml": (
@@ -113,9 +160,16 @@ DIFFS = {
             "per_device_eval_batch_size",
         },
     ),
+    # seed 004's own run (section 3's table; tests/test_recipes_seed_table.py pins the values)
+    "gsm8k/seed004.yaml": (
+        "gsm8k/r1_zero.yaml",
+        {"model_name_or_path", "n_grpo_steps", "group_size", "rollout_batch_size", "train_batch_size"}
+        | {"per_device_train_batch_size", "max_completion_length", "learning_rate", "pg_loss_type", "epsilon"}
+        | {"dtype", "use_vllm", "eval_steps", "eval_limit"},
+    ),
     "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
     "math/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
-    "math/question_only.yaml": ("math/r1_zero.yaml", {"prompt", "reward_funcs", "generation_kwargs"}),
+    **{key: value for task in ("gsm8k", "math") for key, value in _seed_ablations(task).items()},
     "kissing/grpo.yaml": (
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}
@@ -158,12 +212,15 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
         return
     assert isinstance(training_args, AblationGRPOConfig)
     assert isinstance(script_args, GRPOScriptArguments)
-    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004), wandb, hub ids (root defaults aside)
-    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" else "server"
-    assert (training_args.use_vllm, training_args.vllm_mode) == (True, mode)
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
         assert model_args.model_name_or_path.startswith("Qwen/")
+    if recipe == "gsm8k/seed004.yaml":  # the report's own run: transformers generation, group 4, its own validation
+        assert (training_args.use_vllm, training_args.num_generations) == (False, 4)
+        return
+    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004), wandb, hub ids (root defaults aside)
+    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" else "server"
+    assert (training_args.use_vllm, training_args.vllm_mode) == (True, mode)
     # Validation every 5-10 GRPO steps on >= 1024 problems where the split has them (MATH-500 has 500)
     assert training_args.eval_strategy == "steps"
     assert 5 <= training_args.eval_steps * script_args.n_grpo_steps <= 10
@@ -482,6 +539,8 @@ def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
         ("math/r1_zero.yaml", ("math", "math12k_train_subset.jsonl"), ("math", "math500_test.jsonl")),
         ("math/question_only.yaml", ("math", "math12k_train_subset.jsonl"), ("math", "math500_test.jsonl")),
         ("countdown/seed000_grpo_l512.yaml", ("countdown", "train_10k_head16.parquet"), ("countdown", "dev.parquet")),
+        # seed 001: the course's files, here the shipped subset in place of data/countdown/
+        ("countdown/seed001.yaml", ("countdown", "train_10k_head16.parquet"), ("countdown", "dev.parquet")),
     ],
 )
 def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
@@ -502,6 +561,10 @@ def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
         assert {"nums", "target"} <= set(train.column_names)
     elif script_args.prompt == "r1_zero":
         assert prompt.endswith("Assistant: <think>") and "ground_truth" in train.column_names
+    elif script_args.prompt == "countdown":  # seed 001: its countdown.prompt as plain text, the problem filled in
+        row = pq.read_table(train_path).slice(0, 1).to_pylist()[0]
+        assert f"Using the numbers {list(row['nums'])}, create an equation that equals {row['target']}." in prompt
+        assert prompt.rstrip().endswith("Let's think step by step.") and {"nums", "target"} <= set(train.column_names)
     else:  # question_only: the bare problem text
         import json
 
