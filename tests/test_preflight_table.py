@@ -4,10 +4,12 @@ are picked free."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
 import pytest
+from conftest import shared_path
 
 from trl_ext.launch import plan_launch
 from trl_ext.launch.configs import LaunchError
@@ -42,9 +44,14 @@ def test_every_shipped_config_is_in_the_table():
 
 
 @pytest.mark.slow
-def test_every_config_x_recipe_plans_at_its_gpu_counts(tmp_path):
+def test_every_config_x_recipe_plans_at_its_gpu_counts(tmp_path, monkeypatch):
     """Issue #11: every GRPO recipe failed on multi_gpu / zero2 / zero3 (7 processes: 256 % (128 x 7)). Now every
     pair plans, keeps 256 completions per step, and fits an 80 GiB GPU by the estimate."""
+    # seed 001's recipes read the course's files from data/countdown/ where they are launched: lay them out
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "countdown").mkdir(parents=True)
+    shutil.copy(shared_path("countdown", "train_10k_head16.parquet"), tmp_path / "data/countdown/train_10k.parquet")
+    shutil.copy(shared_path("countdown", "dev.parquet"), tmp_path / "data/countdown/dev.parquet")
     rows = [plan_row(c, r, n, H100_GIB, tmp_path)[0] for c, r, n in pairs()]
     assert len(rows) > 250
     failed = [f"{r.config} x {r.recipe} @ {r.num_gpus}: {r.error}" for r in rows if r.error]
@@ -57,7 +64,8 @@ def test_every_config_x_recipe_plans_at_its_gpu_counts(tmp_path):
     assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga) == ("0,1,2,3", "4,5,6,7", 32)
     assert (multi[5].train_gpus, multi[5].server_gpus) == ("0,1,2,3", "4")
     single = [r for r in rows if r.config == "single_gpu.yaml" and r.num_gpus == 1]
-    assert [r.recipe for r in single] == ["gsm8k/seed004_24gb.yaml"]  # the one colocated recipe: no server needed
+    # the recipes that need no server GPU: seed 004's (transformers generation) and its colocated 24 GB variant
+    assert [r.recipe for r in single] == ["gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml"]
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):

@@ -52,6 +52,16 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 151936,
         "tie_word_embeddings": True,
     },
+    "Qwen/Qwen2.5-Math-1.5B-Instruct": {  # seed 001's GRPO model: Qwen2.5-Math-1.5B's architecture
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
     "Qwen/Qwen2.5-1.5B-Instruct": {
         "model_type": "qwen2",
         "hidden_size": 1536,
