@@ -35,7 +35,7 @@ def test_eval_config_is_the_recipes_validation():
     assert (cfg.split, cfg.limit, cfg.data_file) == ("auto", 1024, None)
     assert (cfg.prompt, cfg.chat, cfg.chat_template_kwargs) == ("tinyzero", True, {"enable_thinking": True})
     assert (cfg.temperature, cfg.top_p, cfg.n, cfg.seed) == (1.0, 1.0, 1, 42)
-    assert (cfg.stop, cfg.min_tokens, cfg.reward) == (("</answer>",), 4, "countdown")
+    assert (cfg.stop, cfg.min_tokens, cfg.reward) == (("</answer>",), 4, "countdown_seed000")  # seed 000's verifier
     assert cfg.max_tokens == (256, 512, 1024)
     assert eval_config_from_recipe(RECIPES / "countdown" / "seed000_grpo_l256.yaml").max_tokens == (256,)
     no_stop = eval_config_from_recipe(RECIPES / "math" / "question_only.yaml")
