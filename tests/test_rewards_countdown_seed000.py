@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import operator
 import pickle
 import random
 import re
@@ -25,20 +26,16 @@ from trl_ext.rewards.exact_arithmetic import evaluate_exact
 _SEED_CHARS = re.compile(r"[0-9+\-*/()\s]+")
 
 
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: lambda a, b: Fraction(a) / b}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
 def _node_value(node):
-    if type(node) is ast.UnaryOp and type(node.op) in (ast.USub, ast.UAdd):
-        value = _node_value(node.operand)
-        return -value if type(node.op) is ast.USub else value
-    if type(node) is ast.BinOp and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div):
-        left, right = _node_value(node.left), _node_value(node.right)
-        op = type(node.op)
-        if op is ast.Add:
-            return left + right
-        if op is ast.Sub:
-            return left - right
-        if op is ast.Mult:
-            return left * right
-        return Fraction(left) / right
+    """Exact value of a whitelisted node: integer constants, the four binary operators, unary + and -."""
+    if type(node) is ast.UnaryOp and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_node_value(node.operand))
+    if type(node) is ast.BinOp and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_node_value(node.left), _node_value(node.right))  # ZeroDivisionError on 0
     if type(node) is ast.Constant and type(node.value) is int:
         return node.value
     raise ValueError

@@ -52,16 +52,6 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 151936,
         "tie_word_embeddings": True,
     },
-    "Qwen/Qwen2.5-Math-1.5B-Instruct": {  # seed 001's GRPO model: Qwen2.5-Math-1.5B's architecture
-        "model_type": "qwen2",
-        "hidden_size": 1536,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "intermediate_size": 8960,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-    },
     "Qwen/Qwen2.5-1.5B-Instruct": {
         "model_type": "qwen2",
         "hidden_size": 1536,
@@ -73,6 +63,8 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
     },
 }
+# Seed 001's GRPO model: the instruct tuning of Qwen2.5-Math-1.5B, the same architecture.
+KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B-Instruct"] = KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B"]
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
