@@ -196,7 +196,8 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     model = values.get("model_name_or_path")
     output_dir = values.get("output_dir")
     stated = values.get("vllm_gpu_memory_utilization")
-    share = None if stated is None else _as_share(stated, f"{source}: `vllm_gpu_memory_utilization`")
+    unset = stated is None or str(stated).lower() == "null"  # `--vllm_gpu_memory_utilization null` unsets it
+    share = None if unset else _as_share(stated, f"{source}: `vllm_gpu_memory_utilization`")
     return RecipeServing(
         use_vllm=use_vllm,
         vllm_mode=vllm_mode,
