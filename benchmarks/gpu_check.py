@@ -181,9 +181,10 @@ def seed004_run(args, workdir: Path) -> dict:
 
     import torch
 
-    from trl_ext.preflight import load_model_shape, plan_batches, stated_values
+    from trl_ext.preflight import load_model_shape, plan_batches
     from trl_ext.preflight.memory import estimate_memory
     from trl_ext.preflight.plan import RunContext, training_setup
+    from trl_ext.recipes import stated_values
 
     model = save_random_model("Qwen/Qwen2.5-1.5B-Instruct", workdir / "qwen25", args.smoke)
     extra = [] if importlib.util.find_spec("bitsandbytes") else ["--optim", "adamw_torch_fused"]
