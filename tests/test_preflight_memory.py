@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from trl_ext.launch.table import grpo_recipes
 from trl_ext.preflight import KNOWN_CONFIGS, ModelShape, estimate_memory, knobs_to_fit, load_model_shape
 from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB
-from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, stated_values, training_setup
-from trl_ext.preflight.table import grpo_recipes
+from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, training_setup
+from trl_ext.recipes import stated_values
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -65,9 +66,8 @@ def test_seed000_drgrpo_l256_by_hand():
     a 4096 x 32768 tile 268,435,456.
     """
     script, args, model = _parse("countdown/seed000_drgrpo_l256.yaml")
-    report = check_recipe(
-        "countdown", RECIPES / "countdown/seed000_drgrpo_l256.yaml", [], (script, args, model), _ctx()
-    )
+    recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
+    report = check_recipe("countdown", recipe, [], (script, args, model), _ctx(), stated_values(recipe))
     phases = report.estimate.phases
     p = QWEN3_1_7B_PARAMS
     assert phases["train"] == {
@@ -132,8 +132,9 @@ def _layout(stated):
 
 
 def test_pure_bf16_variant_halves_weights_and_states():
-    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx()).estimate
-    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx()).estimate
+    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx(), {}).estimate
+    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx(), {})
+    bf16 = bf16.estimate
     for part in ("weights", "gradients", "optimizer states"):
         assert bf16.phases["train"][part] * 2 == fp32.phases["train"][part]
 
@@ -142,8 +143,11 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
     """Seed 004's recipe fits one 24 GiB GPU; with fp32 AdamW instead of 8-bit it does not, and every knob the
     preflight offers brings its own re-estimate under the limit. Bug caught: a knob list that does not fit."""
     shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    recipe = RECIPES / "gsm8k/seed004_24gb.yaml"
     parsed = _parse("gsm8k/seed004_24gb.yaml")
-    report = check_recipe("gsm8k", None, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24))
+    report = check_recipe(
+        "gsm8k", recipe, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24), stated_values(recipe)
+    )
     assert report.estimate.peak_gib < 24 and not [p for p in report.problems if p.field == "gpu memory"]
     setup = replace(training_setup("gsm8k", *parsed, report.layout, _ctx(gpu_memory_gib=24)), optim="adamw_torch")
     assert estimate_memory(shape, setup).peak_gib > 24
@@ -154,10 +158,11 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
         assert knob.estimate.peak_gib <= 24
     refused = check_recipe(
         "gsm8k",
-        None,
-        [],
+        recipe,
+        ["--optim", "adamw_torch"],
         _parse("gsm8k/seed004_24gb.yaml", "--optim", "adamw_torch"),
         _ctx(memory_limit_gib=24, gpu_memory_gib=24),
+        stated_values(recipe, ["--optim", "adamw_torch"]),
     )
     [problem] = [p for p in refused.problems if p.field == "gpu memory"]
     assert "exceeds the 24 GiB limit" in problem.message and "--optim adamw_bnb_8bit ->" in problem.fix
