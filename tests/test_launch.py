@@ -568,3 +568,16 @@ def test_cpu_build_without_gpus_serves_on_the_cpu(rig, monkeypatch):
     monkeypatch.setattr(planning, "vllm_cpu_build", lambda: False)
     with pytest.raises(LaunchError, match="no free GPU left for the vLLM server"):
         plan_launch(CONFIGS / "cpu.yaml", rig.recipe, rig.config, num_gpus=0)
+
+
+def test_data_parallel_is_refused_for_dense_models(rig):
+    """Issue #23 item 2: `--vllm-dp 2` was passed on, and docs/launch.md suggested `--vllm-tp 2 --vllm-dp 2`; TRL
+    1.16's `trl vllm-serve` says data parallel above 1 errors out for dense models (every shipped model)."""
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    assert "will error out" in ScriptArguments.__doc__ and "dense" in ScriptArguments.__doc__  # TRL's own words
+    four = CONFIGS / "zero3.yaml"
+    with pytest.raises(LaunchError, match=r"--vllm-dp 2: Qwen/Qwen3-1.7B is a dense model"):
+        plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=2, vllm_dp=2, log_dir=rig.dir)
+    with pytest.raises(LaunchError, match=r"--vllm-tp 3 does not shard Qwen/Qwen3-1.7B .* 1, 2, 4"):
+        plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=3, log_dir=rig.dir)

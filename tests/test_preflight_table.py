@@ -187,3 +187,15 @@ def test_busy_ports_are_replaced_by_free_ones(tmp_path):
         free = str(err.value).split("fix: --vllm_group_port ")[1].split()[0]
         plan = _plan(two_gpus, SEED000, *out, "--vllm_group_port", free, num_gpus=2)
         assert plan.trainer.argv.count("--vllm_group_port") == 1  # stated and free: passed through as given
+
+
+def test_server_log_lands_in_the_run_folder(monkeypatch, tmp_path):
+    """Issue #23 item 13: the README says the server log lands in the run folder, but without `output_dir` in the
+    YAML it went to runs/launch/. It now follows the output_dir the recipe parses to (runs/<folder>/<name>)."""
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(CONFIGS / "vllm_server_gpu0_train_gpu1.yaml", SEED000, num_gpus=2)
+    assert plan.output_dir == "runs/countdown/seed000_grpo_l512"
+    assert plan.server_log == Path("runs/countdown/seed000_grpo_l512") / f"vllm_server_{plan.port}.log"
+    (tmp_path / "script.py").write_text("")  # not a trl_ext recipe: runs/launch
+    other = plan_launch(CONFIGS / "vllm_server_gpu0_train_gpu1.yaml", tmp_path / "script.py", SEED000, num_gpus=2)
+    assert other.server_log == Path("runs/launch") / f"vllm_server_{other.port}.log"

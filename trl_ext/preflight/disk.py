@@ -3,7 +3,8 @@
 A `checkpoint-N` folder of the HF Trainer holds the weights in their training dtype (`model.safetensors`) and the
 optimizer states (`optimizer.pt`); the scheduler, RNG and trainer state are a few KB. With fp32 master weights and
 AdamW (the GPU recipes) that is 4 P + 8 P bytes: 20.6 GB for Qwen3-1.7B. The Trainer deletes old checkpoints beyond
-`save_total_limit` only after the new one is written (`_rotate_checkpoints` runs after `_save_checkpoint`), so
+`save_total_limit` only after the new one is written (transformers 5.17: `Trainer._save_checkpoint` calls
+`trainer_utils.rotate_checkpoints` last), so
 `save_total_limit: 1` needs two checkpoints of room during a save. DeepSpeed writes bf16 weights and its fp32 master
 copy with the states, sharded over the ranks but summing to (2 + 4 + K) P.
 
