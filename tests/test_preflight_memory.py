@@ -226,4 +226,6 @@ def test_checkpoint_sizes_and_the_weight_pushes_of_a_validation_are_stated():
     context = _ctx(gpu_memory_gib=24, memory_limit_gib=24)
     small = check_recipe("gsm8k", seed004, [], _parse("gsm8k/seed004_24gb.yaml"), context, stated_values(seed004))
     assert "re-pushes all weights (32 per validation, 32 prompts each" in small.render()
+    p4, e4 = small.shape.params, small.shape.embedding_params  # 8-bit AdamW checkpoints its 32-bit embedding states
+    assert (small.disk.checkpoint_weights, small.disk.checkpoint_optimizer) == (4 * p4, 2 * (p4 - e4) + 8 * e4)
     assert small.estimate.peak_gib <= 24 and small.layout.eval_requests == 32

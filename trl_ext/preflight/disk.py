@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trl_ext.preflight.memory import optimizer_state_bytes
+from trl_ext.preflight.memory import optimizer_states_bytes
 from trl_ext.preflight.models import ModelShape
 
 GB = 1e9
@@ -86,14 +86,13 @@ def plan_disk(
         lora_rank: LoRA rank when training adapters (then only the adapters are saved, in fp32).
     """
     p = shape.params
-    trainable = shape.lora_params(lora_rank) if lora_rank is not None else p
-    if lora_rank is not None:
-        weights, state = trainable * 4.0, trainable * optimizer_state_bytes(optim, 4)[0]
+    if lora_rank is not None:  # the adapters, in fp32, and their states
+        weights, state = shape.lora_params(lora_rank) * 4.0, optimizer_states_bytes(shape, optim, 4, lora_rank)
     elif zero_stage:
         weights = p * 2.0  # bf16 module states; the fp32 master copy sits with the optimizer states
-        state = p * (4 + optimizer_state_bytes(optim, 4)[0])
+        state = p * 4.0 + optimizer_states_bytes(shape, optim, 4)
     else:
-        weights, state = p * float(weight_bytes), p * optimizer_state_bytes(optim, weight_bytes)[0]
+        weights, state = p * float(weight_bytes), optimizer_states_bytes(shape, optim, weight_bytes)
     at_once = min(saves, save_total_limit + 1) if save_total_limit else saves
     dtype = "fp32" if weights == p * 4.0 or lora_rank is not None else "bf16"
     return DiskPlan(weights, state, at_once, weights, dtype)
