@@ -4,9 +4,9 @@
 states) and where it will run (`RunContext`: processes, GPUs, memory limit), and returns a `Preflight`: the batch
 layout for the actual world size, the peak-memory estimate against the limit, the checkpoint sizes, the NCCL group
 port, the output_dir decision, wandb's mode, the model and data sources and the packages the settings need. It
-parses nothing and starts nothing (`trl_ext.recipes.entry` parses, checks and starts). `Preflight.render()` is the
-plan the recipe entry points and `trl-ext launch` (dry-run too) print; `raise_if_failed()` raises one
-`PreflightError` listing every problem with its fix.
+parses nothing and starts nothing: `trl_ext.recipes.entry` parses and calls it, the entry points and the launcher
+start. `Preflight.render()` is the plan the recipe entry points and `trl-ext launch` (dry-run too) print;
+`raise_if_failed()` raises one `PreflightError` listing every problem with its fix.
 """
 
 from __future__ import annotations
