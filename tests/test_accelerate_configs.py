@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.launch import plan_launch, read_accelerate_config, split_gpus
+from trl_ext.launch import LaunchError, plan_launch, read_accelerate_config, split_gpus
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
@@ -61,8 +61,9 @@ def test_launcher_reads_what_accelerate_reads(name):
     assert ours.gpu_ids == expected_ids
 
 
-def _accelerate_launch_env(config_file: Path, monkeypatch) -> dict[str, str]:
-    """The environment `accelerate launch --config_file F script.py` gives its processes, without launching them."""
+def _accelerate_launch_env(config_file: Path, monkeypatch, launch_args=()) -> dict[str, str]:
+    """The environment `accelerate launch --config_file F [launch_args] script.py` gives its processes, without
+    launching them."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import (
         prepare_deepspeed_cmd_env,
@@ -71,7 +72,8 @@ def _accelerate_launch_env(config_file: Path, monkeypatch) -> dict[str, str]:
     )
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    args = launch_command_parser().parse_args(["--config_file", str(config_file), "script.py", "--x", "1"])
+    argv = ["--config_file", str(config_file), *launch_args, "script.py", "--x", "1"]
+    args = launch_command_parser().parse_args(argv)
     args, _, _ = _validate_launch_command(args)
     if args.use_deepspeed:
         args.deepspeed_fields_from_accelerate_config = ""  # set by accelerate's launch_command before this call
@@ -109,3 +111,29 @@ def test_accelerate_launch_places_training_where_the_launcher_does(name, monkeyp
     assert plan.trainer.env["CUDA_VISIBLE_DEVICES"] == ",".join(train)
     assert plan.server.env["CUDA_VISIBLE_DEVICES"] == ",".join(plan.server_gpus)
     assert set(plan.server_gpus) <= set(free)
+
+
+def test_a_schedulers_allocation_is_honoured(monkeypatch, tmp_path):
+    """Issue #23 item 10: with CUDA_VISIBLE_DEVICES=2,3 from a scheduler, `gpu_ids: '1'` was refused with advice
+    (--num-gpus 2) that then trained on physical GPU 1, outside the allocation. `gpu_ids` now count positions in
+    the allocation: the trainer runs on GPU 3 (accelerate, given --gpu_ids 3, exports exactly that), the server on
+    GPU 2; --num-gpus cannot step outside it."""
+    recipe_yaml = tmp_path / "recipe.yaml"
+    recipe_yaml.write_text("model_name_or_path: m\nuse_vllm: true\nvllm_mode: server\n")
+    script = tmp_path / "script.py"
+    script.write_text("")
+    config = CONFIG_DIR / "vllm_server_gpu0_train_gpu1.yaml"
+    allocation = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    plan = plan_launch(config, script, recipe_yaml, log_dir=tmp_path, environ=allocation)
+    assert (plan.train_gpus, plan.server_gpus) == (("3",), ("2",))
+    assert plan.trainer.env["CUDA_VISIBLE_DEVICES"] == "3" and plan.server.env["CUDA_VISIBLE_DEVICES"] == "2"
+    launch_args = plan.trainer.argv[4 : plan.trainer.argv.index(str(script))]
+    assert launch_args == ("--gpu_ids", "3")
+    assert _accelerate_launch_env(config, monkeypatch, launch_args)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "positions in CUDA_VISIBLE_DEVICES=2,3: training on GPU(s) 3" in plan.render()
+    single = plan_launch(CONFIG_DIR / "single_gpu.yaml", script, recipe_yaml, log_dir=tmp_path, environ=allocation)
+    assert (single.train_gpus, single.server_gpus) == (("2",), ("3",))
+    with pytest.raises(LaunchError, match=r"--num-gpus 4 but CUDA_VISIBLE_DEVICES=2,3 allows 2 GPU"):
+        plan_launch(config, script, recipe_yaml, num_gpus=4, log_dir=tmp_path, environ=allocation)
+    with pytest.raises(LaunchError, match=r"`gpu_ids` 1 names GPU\(s\) \['1'\] .*positions 0..0"):
+        plan_launch(config, script, recipe_yaml, log_dir=tmp_path, environ={"CUDA_VISIBLE_DEVICES": "5"})

@@ -146,20 +146,27 @@ def test_discover_against_a_scripted_server_over_http(tmp_path):
 
 def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
     from trl_ext.discover import DiscoveryConfig, OpenAIChatBackend, run_discovery
+    from trl_ext.discover.backends import NEUTRAL_SAMPLING
 
     with ScriptedServer([[_block(D11), "no"]], ignore_n=True) as server:
         backend = OpenAIChatBackend(server.url)
         cfg = DiscoveryConfig(samples=2, rounds=1, output_dir=str(tmp_path), workers=1)
         result = run_discovery(backend, cfg, progress=lambda line: None)
     assert [r["n"] for r in server.requests] == [2, 1]  # the second request asks for the missing reply
+    # plain sampling at the temperature: nothing left for a vLLM server to fill from the checkpoint (issue #23 item 5)
+    assert all(r[k] == v for r in server.requests for k, v in NEUTRAL_SAMPLING.items())
     assert result["best_score"] == 220 and result["history"] == [220]
 
 
 @pytest.mark.slow
 def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
-    """A tiny random model whose vocabulary holds the whole D11 program as one added token, favoured by the
-    generation config it is saved with: the local backend loads it from disk, samples it, the loop scores it 220.
+    """A tiny model whose vocabulary holds the whole D11 program as one added token, which its weights favour (the
+    backend samples the model itself: a checkpoint's generation config does not apply, issue #23 item 5): the local
+    backend loads it from disk, samples it, the loop scores it 220.
     (In process: the command line is covered by the HTTP test; a second torch import would cost ~10 s.)"""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from trl_ext.discover import DiscoveryConfig, TransformersChatBackend, run_discovery
     from trl_ext.tiny import build_tiny_qwen3
 
@@ -168,8 +175,20 @@ def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
     tokenizer = char_tokenizer.__class__.from_pretrained(model_dir)
     token = f"```python\n{D11}```"
     tokenizer.add_tokens([token])
-    model = build_tiny_qwen3(tokenizer, seed=0)
-    model.generation_config.sequence_bias = [[[tokenizer.convert_tokens_to_ids(token)], 8.0]]
+    tied = build_tiny_qwen3(tokenizer, seed=0)
+    model = AutoModelForCausalLM.from_config(
+        tied.config.__class__(**{**tied.config.to_dict(), "tie_word_embeddings": False})
+    )
+    with torch.no_grad():  # residual stream = the embedding, whose last coordinate is 1; only the program reads it
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()
+        model.get_input_embeddings().weight[:, -1] = 1.0
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        # logit 2 x 7.9 (the RMS-normed 1.0 among 63 entries of std 0.02) against 0: nearly every sample
+        head[tokenizer.convert_tokens_to_ids(token), -1] = 2.0
+    model.generation_config.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from trl_ext.launch import (
     server_parallelism,
     split_gpus,
 )
+from trl_ext.preflight import load_model_shape
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
@@ -116,6 +118,13 @@ def _wait_for(path: Path, timeout: float) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.fixture(autouse=True)
+def _no_scheduler_gpus(monkeypatch):
+    """The launcher reads CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER; these tests state the GPUs themselves."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+
+
 @pytest.fixture
 def rig(tmp_path):
     """Stand-in scripts, a server-mode recipe on a free localhost port, and an empty recipe script."""
@@ -191,9 +200,13 @@ def test_recipe_serving_resolves_base_and_recipe_args(rig):
 
 
 def test_detect_gpus_sources():
-    assert detect_gpus(3, {"CUDA_VISIBLE_DEVICES": "5"}) == (["0", "1", "2"], "--num-gpus")
+    assert detect_gpus(3, {}) == (["0", "1", "2"], "--num-gpus")
     assert detect_gpus(None, {"CUDA_VISIBLE_DEVICES": "2, 5"}) == (["2", "5"], "CUDA_VISIBLE_DEVICES")
+    assert detect_gpus(2, {"CUDA_VISIBLE_DEVICES": "2, 5"}) == (["2", "5"], "CUDA_VISIBLE_DEVICES")
     assert detect_gpus(None, {"CUDA_VISIBLE_DEVICES": ""}) == ([], "CUDA_VISIBLE_DEVICES")
+    # Issue #23 item 10: --num-gpus must not step outside a scheduler's allocation (ids 0..2 are other GPUs).
+    with pytest.raises(LaunchError, match=r"--num-gpus 3 but CUDA_VISIBLE_DEVICES=5 allows 1 GPU"):
+        detect_gpus(3, {"CUDA_VISIBLE_DEVICES": "5"})
 
 
 @pytest.mark.parametrize(
@@ -219,17 +232,19 @@ def test_eight_gpus_four_train_on_4_to_7_server_gets_0_to_3_with_tp_dp(rig):
     train, free = split_gpus(setup, [str(i) for i in range(8)])
     assert (train, free) == (["4", "5", "6", "7"], ["0", "1", "2", "3"])
     assert server_parallelism(free, None, None) == (["0", "1", "2", "3"], 4, 1)
-    assert server_parallelism(free, 2, 2) == (["0", "1", "2", "3"], 2, 2)
     assert server_parallelism(free, 2, None) == (["0", "1"], 2, 1)
     assert server_parallelism(["0", "1", "2"], None, None) == (["0", "1"], 2, 1)  # tp 3 cannot shard heads
+    moe = replace(load_model_shape(MODEL)[0], experts=8)  # data parallel only for a mixture of experts
+    assert server_parallelism(free, 2, 2, moe) == (["0", "1", "2", "3"], 2, 2)
     with pytest.raises(LaunchError, match=r"--vllm-tp 4 x --vllm-dp 2 = 8 GPUs, but only 4 are free"):
-        server_parallelism(free, 4, 2)
+        server_parallelism(free, 4, 2, moe)
 
-    plan = plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=2, vllm_dp=2, log_dir=rig.dir)
-    assert plan.server.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    assert plan.trainer.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    plan = plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=2, log_dir=rig.dir)
+    assert plan.server.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert plan.trainer.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert plan.server.argv[plan.server.argv.index("--tensor-parallel-size") + 1] == "2"
-    assert plan.server.argv[plan.server.argv.index("--data-parallel-size") + 1] == "2"
+    assert plan.server.argv[plan.server.argv.index("--data-parallel-size") + 1] == "1"
+    assert "idle: 2,3" in plan.render()
 
 
 @pytest.mark.parametrize(
@@ -260,7 +275,7 @@ def test_exact_commands_for_each_accelerate_config(rig, config, num_gpus, train,
         "--host",
         "127.0.0.1",
     )
-    assert plan.server.env == {"CUDA_VISIBLE_DEVICES": server}
+    assert plan.server.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": server}
     # Several training processes on one machine: a free torch rendezvous port, so two runs on a node never share one.
     rendezvous = []
     if read_accelerate_config(CONFIGS / config).num_processes > 1:
@@ -278,7 +293,7 @@ def test_exact_commands_for_each_accelerate_config(rig, config, num_gpus, train,
         "--seed",
         "3",
     )
-    assert plan.trainer.env == {"CUDA_VISIBLE_DEVICES": train}
+    assert plan.trainer.env == ({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if train else {}) | {"CUDA_VISIBLE_DEVICES": train}
     assert plan.health_url == f"http://127.0.0.1:{rig.port}/health"
     assert plan.server_log == rig.dir / f"vllm_server_{rig.port}.log"
 
@@ -350,10 +365,11 @@ def test_dry_run_prints_both_commands_with_env_and_starts_nothing(rig):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     server_line = (
-        f"server:  CUDA_VISIBLE_DEVICES=0 {VENV_BIN / 'trl'} vllm-serve --model {MODEL} --tensor-parallel-size 1 "
+        f"server:  CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 {VENV_BIN / 'trl'} vllm-serve --model {MODEL} "
+        "--tensor-parallel-size 1 "
         f"--data-parallel-size 1 --port {rig.port} --host 127.0.0.1"
     )
-    trainer_line = "trainer: CUDA_VISIBLE_DEVICES=1 " + shlex.join(
+    trainer_line = "trainer: CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1 " + shlex.join(
         [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(accel), str(rig.recipe)]
         + ["--config", str(rig.config), "--seed", "3"]
     )
@@ -517,13 +533,24 @@ def test_server_binds_loopback_on_one_machine_whatever_the_recipe_host(rig):
     assert url.trainer.argv[-2:] == ("--vllm_server_base_url", f"http://127.0.0.1:{rig.port}")
 
 
-def test_server_binds_the_recipe_host_when_training_spans_machines(rig):
+def test_multi_machine_config_starts_one_server_on_machine_0(rig):
+    """Issue #23 item 11: a multi-machine config made every node start a server. Only training rank 0 talks to the
+    server (TRL's VLLMGeneration makes the client on the main process only), and it runs on machine 0: machine 0
+    starts one on loopback, the other machines run the trainer only (`machine_rank` from the config or
+    --machine-rank, which accelerate gets too)."""
     two_nodes = rig.dir / "two_nodes.yaml"
-    two_nodes.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nnum_machines: 2\ngpu_ids: '1'\n")
-    plan = plan_launch(two_nodes, rig.recipe, rig.config, ["--vllm_server_host", "0.0.0.0"], num_gpus=2)
-    assert plan.server.argv[plan.server.argv.index("--host") + 1] == "0.0.0.0"
-    assert "spans 2 machines: the server binds 0.0.0.0, reachable from the network" in plan.render()
-    assert "firewall it" in plan.render()
+    two_nodes.write_text(
+        "distributed_type: MULTI_GPU\nnum_processes: 2\nnum_machines: 2\nmachine_rank: 0\ngpu_ids: '1'\n"
+    )
+    first = plan_launch(two_nodes, rig.recipe, rig.config, num_gpus=2)
+    assert first.server is not None and first.server.argv[first.server.argv.index("--host") + 1] == "127.0.0.1"
+    second = plan_launch(two_nodes, rig.recipe, rig.config, num_gpus=2, machine_rank=1)
+    assert second.server is None and "runs on machine 0 only" in second.render()
+    assert second.trainer.argv[4:6] == ("--machine_rank", "1")
+    (rig.dir / "rank1.yaml").write_text(two_nodes.read_text().replace("machine_rank: 0", "machine_rank: 1"))
+    assert plan_launch(rig.dir / "rank1.yaml", rig.recipe, rig.config, num_gpus=2).server is None
+    with pytest.raises(LaunchError, match=r"--machine-rank 2 is not in 0..1"):
+        plan_launch(two_nodes, rig.recipe, rig.config, num_gpus=2, machine_rank=2)
 
 
 def test_cpu_build_without_gpus_serves_on_the_cpu(rig, monkeypatch):
@@ -541,3 +568,16 @@ def test_cpu_build_without_gpus_serves_on_the_cpu(rig, monkeypatch):
     monkeypatch.setattr(planning, "vllm_cpu_build", lambda: False)
     with pytest.raises(LaunchError, match="no free GPU left for the vLLM server"):
         plan_launch(CONFIGS / "cpu.yaml", rig.recipe, rig.config, num_gpus=0)
+
+
+def test_data_parallel_is_refused_for_dense_models(rig):
+    """Issue #23 item 2: `--vllm-dp 2` was passed on, and docs/launch.md suggested `--vllm-tp 2 --vllm-dp 2`; TRL
+    1.16's `trl vllm-serve` says data parallel above 1 errors out for dense models (every shipped model)."""
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    assert "will error out" in ScriptArguments.__doc__ and "dense" in ScriptArguments.__doc__  # TRL's own words
+    four = CONFIGS / "zero3.yaml"
+    with pytest.raises(LaunchError, match=r"--vllm-dp 2: Qwen/Qwen3-1.7B is a dense model"):
+        plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=2, vllm_dp=2, log_dir=rig.dir)
+    with pytest.raises(LaunchError, match=r"--vllm-tp 3 does not shard Qwen/Qwen3-1.7B .* 1, 2, 4"):
+        plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=3, log_dir=rig.dir)

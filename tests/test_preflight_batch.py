@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from trl_ext.launch.table import grpo_recipes
 from trl_ext.preflight import PreflightError, check_batches, derive_gradient_accumulation, plan_batches
 from trl_ext.preflight.batch import TRL_BATCH_DEFAULTS, suggest_batch_fixes
-from trl_ext.preflight.plan import cli_overrides, stated_values
-from trl_ext.preflight.table import grpo_recipes
+from trl_ext.recipes import cli_overrides, stated_values
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from trl_ext.launch.table import grpo_recipes
 from trl_ext.preflight import KNOWN_CONFIGS, ModelShape, estimate_memory, knobs_to_fit, load_model_shape
-from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB
-from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, stated_values, training_setup
-from trl_ext.preflight.table import grpo_recipes
+from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB, SLEEPING_VLLM_GIB, TrainingSetup
+from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, training_setup
+from trl_ext.recipes import stated_values
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -65,9 +66,8 @@ def test_seed000_drgrpo_l256_by_hand():
     a 4096 x 32768 tile 268,435,456.
     """
     script, args, model = _parse("countdown/seed000_drgrpo_l256.yaml")
-    report = check_recipe(
-        "countdown", RECIPES / "countdown/seed000_drgrpo_l256.yaml", [], (script, args, model), _ctx()
-    )
+    recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
+    report = check_recipe("countdown", recipe, [], (script, args, model), _ctx(), stated_values(recipe))
     phases = report.estimate.phases
     p = QWEN3_1_7B_PARAMS
     assert phases["train"] == {
@@ -132,8 +132,9 @@ def _layout(stated):
 
 
 def test_pure_bf16_variant_halves_weights_and_states():
-    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx()).estimate
-    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx()).estimate
+    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx(), {}).estimate
+    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx(), {})
+    bf16 = bf16.estimate
     for part in ("weights", "gradients", "optimizer states"):
         assert bf16.phases["train"][part] * 2 == fp32.phases["train"][part]
 
@@ -142,8 +143,11 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
     """Seed 004's recipe fits one 24 GiB GPU; with fp32 AdamW instead of 8-bit it does not, and every knob the
     preflight offers brings its own re-estimate under the limit. Bug caught: a knob list that does not fit."""
     shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    recipe = RECIPES / "gsm8k/seed004_24gb.yaml"
     parsed = _parse("gsm8k/seed004_24gb.yaml")
-    report = check_recipe("gsm8k", None, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24))
+    report = check_recipe(
+        "gsm8k", recipe, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24), stated_values(recipe)
+    )
     assert report.estimate.peak_gib < 24 and not [p for p in report.problems if p.field == "gpu memory"]
     setup = replace(training_setup("gsm8k", *parsed, report.layout, _ctx(gpu_memory_gib=24)), optim="adamw_torch")
     assert estimate_memory(shape, setup).peak_gib > 24
@@ -154,10 +158,74 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
         assert knob.estimate.peak_gib <= 24
     refused = check_recipe(
         "gsm8k",
-        None,
-        [],
+        recipe,
+        ["--optim", "adamw_torch"],
         _parse("gsm8k/seed004_24gb.yaml", "--optim", "adamw_torch"),
         _ctx(memory_limit_gib=24, gpu_memory_gib=24),
+        stated_values(recipe, ["--optim", "adamw_torch"]),
     )
     [problem] = [p for p in refused.problems if p.field == "gpu memory"]
     assert "exceeds the 24 GiB limit" in problem.message and "--optim adamw_bnb_8bit ->" in problem.fix
+
+
+@pytest.mark.parametrize(("name", "extra_gib"), [("Qwen/Qwen2.5-1.5B-Instruct", 1.30), ("Qwen/Qwen3-1.7B", 1.74)])
+def test_8bit_adamw_keeps_32bit_states_for_the_embedding(name, extra_gib):
+    """Issue #23 item 7: the estimate counted 2 bytes of 8-bit AdamW state per parameter everywhere, but the HF
+    Trainer registers 32-bit states for every nn.Embedding when it builds a bitsandbytes 8-bit optimizer (checked in
+    transformers' own source below). States: 2 (P - E) + 8 E bytes, E = V x H; torchao's 8-bit AdamW has no such
+    override; Lion keeps one state (1 / 4 bytes); LoRA freezes the embedding; ZeRO shards it with the fp32 copy."""
+    import inspect
+
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer.create_optimizer)
+    assert "isinstance(module, nn.Embedding)" in source
+    assert 'manager.register_module_override(module, "weight", {"optim_bits": 32})' in source
+    shape, _ = load_model_shape(name)
+    p, e = shape.params, 151_936 * shape.hidden_size
+
+    def states(**kwargs):
+        return estimate_memory(shape, TrainingSetup(**kwargs)).phases["train"]["optimizer states"]
+
+    assert states(optim="adamw_bnb_8bit") == 2 * (p - e) + 8 * e
+    assert round(6 * e / GIB, 2) == extra_gib  # the issue's +1.3 / +1.7 GiB
+    assert states(optim="paged_adamw_8bit") == states(optim="adamw_8bit") == 2 * (p - e) + 8 * e
+    assert states(optim="adamw_torch_8bit") == 2 * p
+    assert states(optim="lion_8bit") == (p - e) + 4 * e
+    assert states(optim="adamw_bnb_8bit", lora_rank=8) == 2 * shape.lora_params(8)
+    assert states(optim="adamw_bnb_8bit", zero_stage=2, world_size=4) == (4 * p + 2 * (p - e) + 8 * e) / 4
+
+
+def test_sleeping_colocated_vllm_keeps_its_allowance_while_training():
+    """Issue #23 item 7: a colocated vLLM asleep was counted as nothing while the trainer steps; it keeps its CUDA
+    graphs (`SLEEPING_VLLM_GIB`). Awake it holds its whole share (0.3 x 24 GiB) in every phase."""
+    shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    colocate = TrainingSetup(generator="colocate", vllm_gpu_memory_utilization=0.3, gpu_memory_gib=24)
+    asleep = estimate_memory(shape, replace(colocate, vllm_sleep=True)).phases
+    awake = estimate_memory(shape, colocate).phases
+    assert asleep["train"]["sleeping vLLM"] == asleep["optimizer step"]["sleeping vLLM"] == SLEEPING_VLLM_GIB * GIB
+    assert asleep["generation"]["colocated vLLM"] == 0.3 * 24 * GIB and "sleeping vLLM" not in asleep["generation"]
+    assert awake["train"]["colocated vLLM"] == 0.3 * 24 * GIB and "sleeping vLLM" not in awake["train"]
+
+
+def test_checkpoint_sizes_and_the_weight_pushes_of_a_validation_are_stated():
+    """Issue #23 items 14 and 12. Qwen3-1.7B with fp32 master weights and AdamW: a checkpoint is 4P + 8P bytes
+    (20.6 GB), two exist while a save rotates the old one out (save_total_limit 1; 4 saves in 200 steps at 0.25),
+    the final model is 4P (fp32, kept on purpose: preflight.disk). Seed 004's sleeping vLLM re-pushes every weight
+    at each generation call: 1024 validation problems in batches of 32 are 32 pushes per validation."""
+    recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
+    report = check_recipe("countdown", recipe, [], _parse(recipe.relative_to(RECIPES).as_posix()), _ctx(),
+                          stated_values(recipe))  # fmt: skip
+    p = QWEN3_1_7B_PARAMS
+    disk = report.disk
+    assert (disk.checkpoint_weights, disk.checkpoint_optimizer, disk.final_model) == (4 * p, 8 * p, 4 * p)
+    assert disk.checkpoints_at_once == 2 and disk.peak == 28 * p
+    line = "disk:    checkpoint 20.6 GB each (weights 6.9 fp32 + optimizer states 13.8), 2 at once while saving"
+    assert f"  {line}; final model 6.9 GB (fp32): up to 48.2 GB in output_dir" in report.render()
+    seed004 = RECIPES / "gsm8k/seed004_24gb.yaml"
+    context = _ctx(gpu_memory_gib=24, memory_limit_gib=24)
+    small = check_recipe("gsm8k", seed004, [], _parse("gsm8k/seed004_24gb.yaml"), context, stated_values(seed004))
+    assert "re-pushes all weights (32 per validation, 32 prompts each" in small.render()
+    p4, e4 = small.shape.params, small.shape.embedding_params  # 8-bit AdamW checkpoints its 32-bit embedding states
+    assert (small.disk.checkpoint_weights, small.disk.checkpoint_optimizer) == (4 * p4, 2 * (p4 - e4) + 8 * e4)
+    assert small.estimate.peak_gib <= 24 and small.layout.eval_requests == 32

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from trl_ext.launch import plan_launch
+from trl_ext.launch import plan_launch, tensor_parallel_sizes
 from trl_ext.launch.configs import LaunchError
-from trl_ext.preflight.plan import cli_overrides
-from trl_ext.preflight.table import MEANT_FOR, pairs, plan_row
-from trl_ext.recipes import load_recipe_yaml
+from trl_ext.launch.table import EVERY_RECIPE_LAYOUTS, MEANT_FOR, model_recipes, pairs, plan_row
+from trl_ext.preflight import load_model_shape
+from trl_ext.recipes import cli_overrides, load_recipe_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
@@ -23,6 +23,8 @@ RECIPES = REPO / "recipes"
 SEED000 = RECIPES / "countdown" / "seed000_grpo_l512.yaml"
 SCRIPT = RECIPES / "countdown.py"
 H100_GIB = 80.0
+# The every-recipe table: one layout per config, and the multi-GPU configs at 8 GPUs too.
+LAYOUTS = {**EVERY_RECIPE_LAYOUTS, "multi_gpu.yaml": ((8, None),), "zero2.yaml": ((4, 2),), "zero3.yaml": ((8, None),)}
 
 
 def _plan(config: Path, recipe: Path, *extra: str, num_gpus: int = 8, gpu_memory_gb: float | None = H100_GIB, **kw):
@@ -35,25 +37,30 @@ def _plan(config: Path, recipe: Path, *extra: str, num_gpus: int = 8, gpu_memory
         num_gpus=num_gpus,
         gpu_memory_gb=gpu_memory_gb,
         check_packages=False,
+        environ={},
         **kw,
     )
 
 
 def test_every_shipped_config_is_in_the_table():
-    assert sorted(MEANT_FOR) == sorted(p.name for p in CONFIGS.glob("*.yaml"))
+    assert sorted(MEANT_FOR) == sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(EVERY_RECIPE_LAYOUTS)
 
 
-@pytest.mark.slow
-def test_every_config_x_recipe_plans_at_its_gpu_counts(tmp_path, monkeypatch):
-    """Issue #11: every GRPO recipe failed on multi_gpu / zero2 / zero3 (7 processes: 256 % (128 x 7)). Now every
-    pair plans, keeps 256 completions per step, and fits an 80 GiB GPU by the estimate."""
-    # seed 001's recipes read the course's files from data/countdown/ where they are launched: lay them out
+@pytest.fixture
+def seed001_files(tmp_path, monkeypatch):
+    """seed 001's recipes read the course's files from data/countdown/ where they are launched: lay them out."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "countdown").mkdir(parents=True)
     shutil.copy(shared_path("countdown", "train_10k_head16.parquet"), tmp_path / "data/countdown/train_10k.parquet")
     shutil.copy(shared_path("countdown", "dev.parquet"), tmp_path / "data/countdown/dev.parquet")
-    rows = [plan_row(c, r, n, H100_GIB, tmp_path)[0] for c, r, n in pairs()]
-    assert len(rows) > 250
+
+
+@pytest.mark.slow
+def test_every_config_x_recipe_plans(tmp_path, seed001_files):
+    """Issue #11: every GRPO recipe failed on multi_gpu / zero2 / zero3 (7 processes: 256 % (128 x 7)). Now every
+    pair plans on 1, 2 and 4 training processes, keeps its completions per step, and fits an 80 GiB GPU."""
+    rows = [plan_row(c, r, n, H100_GIB, tmp_path, num_processes=p)[0] for c, r, n, p in pairs(layouts=LAYOUTS)]
+    assert len(rows) > 200
     failed = [f"{r.config} x {r.recipe} @ {r.num_gpus}: {r.error}" for r in rows if r.error]
     assert not failed, "\n".join(failed)
     for row in rows:
@@ -61,11 +68,74 @@ def test_every_config_x_recipe_plans_at_its_gpu_counts(tmp_path, monkeypatch):
         assert row.per_device * row.ga * row.processes == train_batch, row
         assert 0 < row.peak_gib <= H100_GIB, row
     multi = {r.num_gpus: r for r in rows if r.config == "multi_gpu.yaml" and r.recipe == "countdown/base.yaml"}
-    assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga) == ("0,1,2,3", "4,5,6,7", 32)
-    assert (multi[5].train_gpus, multi[5].server_gpus) == ("0,1,2,3", "4")
-    single = [r for r in rows if r.config == "single_gpu.yaml" and r.num_gpus == 1]
+    assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga, multi[8].tp) == ("0,1,2,3", "4,5,6,7", 32, 4)
+    single = [r for r in rows if r.config == "single_gpu.yaml" and not r.server_gpus]
     # the recipes that need no server GPU: seed 004's (transformers generation) and its colocated 24 GB variant
     assert [r.recipe for r in single] == ["gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml"]
+    zero2 = [r for r in rows if r.config == "zero2.yaml" and r.recipe == "countdown/base.yaml"]
+    assert [(r.num_gpus, r.processes, r.train_gpus, r.server_gpus, r.ga) for r in zero2] == [(4, 2, "0,1", "2,3", 64)]
+
+
+# Tensor parallel sizes that shard each shipped model, by hand: TP must divide the attention heads and the MLP
+# width, and the KV heads must divide TP (or TP them). Qwen3-1.7B / 0.6B: 16 heads, 8 KV heads, MLP 6144 / 3072 ->
+# 1, 2, 4, 8, 16. Qwen2.5-Math-1.5B / 1.5B-Instruct: 12 heads, 2 KV heads, MLP 8960 -> 1, 2, 4 (3 fails the KV
+# heads; 6 and 12 fail 8960).
+SHARDING_TP = {
+    "Qwen/Qwen3-1.7B": (1, 2, 4, 8, 16),
+    "Qwen/Qwen3-0.6B": (1, 2, 4, 8, 16),
+    "Qwen/Qwen2.5-Math-1.5B": (1, 2, 4),
+    "Qwen/Qwen2.5-Math-1.5B-Instruct": (1, 2, 4),
+    "Qwen/Qwen2.5-1.5B-Instruct": (1, 2, 4),
+}
+
+
+def test_every_shipped_model_has_a_shape_and_its_tensor_parallel_sizes():
+    """Every model a shipped recipe trains has architecture numbers (for memory and TP) and the sizes above."""
+    models = {
+        str(load_recipe_yaml(p).get("model_name_or_path")) for p in RECIPES.rglob("*.yaml") if p.parent != RECIPES
+    }
+    assert models - {"None"} <= set(SHARDING_TP), models - set(SHARDING_TP)
+    for model, sizes in SHARDING_TP.items():
+        assert tuple(tensor_parallel_sizes(load_model_shape(model)[0], 16)) == sizes, model
+
+
+@pytest.mark.slow
+def test_model_table_tp_dp_at_4_to_12_gpus(tmp_path, seed001_files):
+    """Issue #23 item 1: 12 GPUs with vllm_server_gpu0_train_gpu1.yaml gave Qwen2.5-Math-1.5B (12 heads) a server at
+    tensor parallel 8, which vLLM refuses. Every shipped model at every layout (1 to 12 GPUs, 4 with
+    `--num-processes 2`) now gets the largest TP of `SHARDING_TP` that fits its free GPUs, data parallel 1."""
+    rows = [
+        plan_row(c, r, n, H100_GIB, tmp_path, num_processes=p)[0]
+        for c, r, n, p in pairs(recipes=model_recipes().values())
+    ]
+    failed = [f"{r.config} x {r.recipe} @ {r.num_gpus}: {r.error}" for r in rows if r.error]
+    assert not failed, "\n".join(failed)
+    assert {r.model for r in rows} == set(SHARDING_TP)
+    for row in rows:
+        if not row.server_gpus:  # seed 004's model: transformers generation or colocated vLLM, no server
+            assert row.recipe in ("gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml") and row.tp == 0, row
+            continue
+        free = row.num_gpus - (0 if row.train_gpus == "CPU" else row.processes)
+        assert row.tp == max(t for t in SHARDING_TP[row.model] if t <= free) and row.dp == 1, row
+        assert len(row.server_gpus.split(",")) == row.tp and 0 < row.peak_gib <= H100_GIB, row
+    by_key = {(r.config, r.model, r.num_gpus): r for r in rows}
+    math12 = by_key["vllm_server_gpu0_train_gpu1.yaml", "Qwen/Qwen2.5-Math-1.5B", 12]
+    assert (math12.train_gpus, math12.server_gpus, math12.tp) == ("1", "0,2,3,4", 4)  # was tp 8
+    assert by_key["vllm_server_gpu0_train_gpu1.yaml", "Qwen/Qwen3-1.7B", 12].tp == 8
+    four = by_key["multi_gpu.yaml", "Qwen/Qwen3-1.7B", 4]  # item 9: a 4-GPU node, --num-processes 2
+    assert (four.processes, four.train_gpus, four.server_gpus, four.tp, four.ga) == (2, "0,1", "2,3", 2, 64)
+
+
+def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
+    """Issue #23 item 9: multi_gpu / zero2 / zero3 train 4 processes and left a 4-GPU node no server GPU, and the
+    launcher could not pass --num_processes. The refusal now names `--num-processes 2`, which plans (accelerate
+    gets --num_processes 2)."""
+    out = ["--output_dir", str(tmp_path / "run")]
+    with pytest.raises(LaunchError, match=r"--num-processes 2: training on 0,1, the server on 2,3"):
+        _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4)
+    plan = _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4, num_processes=2)
+    assert plan.trainer.argv[4:6] == ("--num_processes", "2") and plan.report.layout.world_size == 2
+    assert (plan.train_gpus, plan.server_gpus, plan.tp) == (("0", "1"), ("2", "3"), 2)
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):
@@ -131,4 +201,16 @@ def test_busy_ports_are_replaced_by_free_ones(tmp_path):
             _plan(two_gpus, SEED000, *out, "--vllm_group_port", "51216", num_gpus=2)
         free = str(err.value).split("fix: --vllm_group_port ")[1].split()[0]
         plan = _plan(two_gpus, SEED000, *out, "--vllm_group_port", free, num_gpus=2)
-        assert "--vllm_group_port" not in plan.report.trainer_flags()  # stated and free: passed through as given
+        assert plan.trainer.argv.count("--vllm_group_port") == 1  # stated and free: passed through as given
+
+
+def test_server_log_lands_in_the_run_folder(monkeypatch, tmp_path):
+    """Issue #23 item 13: the README says the server log lands in the run folder, but without `output_dir` in the
+    YAML it went to runs/launch/. It now follows the output_dir the recipe parses to (runs/<folder>/<name>)."""
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(CONFIGS / "vllm_server_gpu0_train_gpu1.yaml", SEED000, num_gpus=2)
+    assert plan.output_dir == "runs/countdown/seed000_grpo_l512"
+    assert plan.server_log == Path("runs/countdown/seed000_grpo_l512") / f"vllm_server_{plan.port}.log"
+    (tmp_path / "script.py").write_text("")  # not a trl_ext recipe: runs/launch
+    other = plan_launch(CONFIGS / "vllm_server_gpu0_train_gpu1.yaml", tmp_path / "script.py", SEED000, num_gpus=2)
+    assert other.server_log == Path("runs/launch") / f"vllm_server_{other.port}.log"

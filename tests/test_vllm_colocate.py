@@ -72,3 +72,22 @@ def test_importance_sampling_ratio_uses_the_engine_log_probs(colocate):
             assert row["is_ratio"] == [pytest.approx(expected, rel=1e-4)]
             ratios.append(expected)
     assert max(abs(r - 1) for r in ratios) > 1e-3
+
+
+def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
+    """Issue #23 item 4, against vLLM itself: for completions the real engine generated with stop strings (one-token
+    tags, characters, two-token strings; the stop string's text kept and dropped), `trl_ext.finished`'s rule calls
+    a completion finished exactly when vLLM's `finish_reason` is "stop" (stop string or EOS) and truncated when it
+    is "length". TRL's rule (last token EOS or pad) called every stop-string completion truncated."""
+    from transformers import AutoTokenizer
+
+    from trl_ext.finished import finished_completions
+
+    tokenizer = AutoTokenizer.from_pretrained(colocate["model_path"])
+    rows = colocate["stopped"]
+    decode = lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+    ours = finished_completions([r["ids"] for r in rows], colocate["eos_and_pad"], decode, colocate["stops"])
+    assert ours == [r["reason"] == "stop" for r in rows]
+    stopped_by_string = [r for r in rows if r["reason"] == "stop" and r["ids"][-1] not in colocate["eos_and_pad"]]
+    assert len(stopped_by_string) >= 4 and sum(r["reason"] == "length" for r in rows) >= 4  # both kinds occurred
+    assert {r["keep"] for r in stopped_by_string} == {True, False}

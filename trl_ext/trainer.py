@@ -20,6 +20,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_ext.config import AblationGRPOConfig
+from trl_ext.finished import FinishedCompletionsMixin
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -87,7 +88,7 @@ def drop_zero_advantage_rows(inputs: dict) -> dict:
     return trim_padding(batch, trim_prompt=False)
 
 
-class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
+class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTrainer):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     Overrides exactly:
@@ -110,6 +111,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
     With `dynamic_sampling`, it builds each
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
     one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
+
+    `trl_ext.finished.FinishedCompletionsMixin` (just above TRL's) counts a completion that ended at a stop string
+    as finished, not truncated, in `completions/clipped_ratio`, the terminated-length metrics and
+    `mask_truncated_completions`.
 
     Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """

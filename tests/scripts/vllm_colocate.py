@@ -4,7 +4,9 @@ Usage: vllm_colocate.py OUT_DIR [STEPS]. Trains `AblationGRPOTrainer` (`use_vllm
 importance-sampling correction on) on a tiny Qwen3 and writes OUT_DIR/result.json with, per generation: the
 log-probs the engine returned for the sampled tokens, a plain forward's log-probs of the same tokens with the
 weights that sampled them, and TRL's importance-sampling ratio; and, before training and after the last step's
-weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model.
+weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model; and, for
+tests/test_finished.py's rule, completions the engine stopped with stop strings (with and without the stop string
+in the text) with vLLM's own finish reasons.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
 FIXED_PROMPT, FIXED_COMPLETION = "12+3=", "15 fifteen"
+# Stop strings the random engine model hits in about half of 8-token completions: single characters, a tag token,
+# and two-character strings that span two tokens.
+STOPS = ["</answer>", "e", "a", "o", "1", "2", " ", "x", "y", "!?", "ab", "Z"]
 
 
 def id_reward(completion_ids, **kwargs) -> list[float]:
@@ -128,6 +133,23 @@ def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, **co
     return trainer, records
 
 
+def stopped_completions(llm, tokenizer) -> list[dict]:
+    """Completions of PROMPTS x 4 by the engine with `STOPS`, 8 tokens at most, as vLLM reports them: token ids and
+    finish reason (`stop` for a stop string or EOS, `length` when cut), with the stop string's text kept and not."""
+    from vllm import SamplingParams
+
+    rows = []
+    for keep in (True, False):
+        params = SamplingParams(
+            n=4, max_tokens=8, temperature=1.0, seed=7, stop=STOPS, include_stop_str_in_output=keep
+        )
+        requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in PROMPTS]
+        for request in llm.generate(requests, params, use_tqdm=False):
+            for out in request.outputs:
+                rows.append({"ids": list(out.token_ids), "reason": out.finish_reason, "text": out.text, "keep": keep})
+    return rows
+
+
 def main(out_dir: Path, steps: int) -> None:
     trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward)
     model, tokenizer, llm = trainer.model, trainer.processing_class, trainer.vllm_generation.llm
@@ -145,6 +167,10 @@ def main(out_dir: Path, steps: int) -> None:
         "fixed_before": before,
         "fixed_after": after,
         "engine_dtype": str(llm.llm_engine.model_config.dtype),
+        "model_path": str(out_dir / "model"),
+        "stops": STOPS,
+        "stopped": stopped_completions(llm, tokenizer),
+        "eos_and_pad": [tokenizer.eos_token_id, tokenizer.pad_token_id],
     }
     (out_dir / "result.json").write_text(json.dumps(result))
 

@@ -11,6 +11,8 @@ import urllib.error
 import urllib.request
 from typing import Protocol
 
+from trl_ext.evaluation.transformers_backend import checkpoint_sampling_off, load_model_and_tokenizer
+
 __all__ = ["BackendError", "ChatBackend", "OpenAIChatBackend", "TransformersChatBackend"]
 
 
@@ -24,8 +26,23 @@ class ChatBackend(Protocol):
     def chat(self, messages: list[dict], n: int, temperature: float, max_tokens: int, seed: int) -> list[str]: ...
 
 
+# Every sampling field vLLM's server fills from the model's generation_config when a request leaves it unset
+# (`vllm/entrypoints/openai/chat_completion/protocol.py`: `to_sampling_params`, "Priority: user -> server default ->
+# OpenAI default", over `_DEFAULT_SAMPLING_PARAMS`), at its neutral value, so the request samples at its temperature
+# and nothing else. top_k, min_p and repetition_penalty are vLLM's extensions of the OpenAI API.
+NEUTRAL_SAMPLING = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 class OpenAIChatBackend:
-    """An OpenAI-compatible chat-completions endpoint.
+    """An OpenAI-compatible chat-completions endpoint, asked for plain sampling at the given temperature
+    (`NEUTRAL_SAMPLING`: a vLLM server would otherwise apply the checkpoint's repetition penalty, top-k and top-p).
 
     Args:
         base_url: the API root, e.g. `http://localhost:8000/v1`.
@@ -73,6 +90,7 @@ class OpenAIChatBackend:
             "temperature": temperature,
             "max_tokens": max_tokens,
             "seed": seed,
+            **NEUTRAL_SAMPLING,
         }
         answer = self._request("/chat/completions", payload)
         replies = [c.get("message", {}).get("content") or "" for c in answer.get("choices", [])]
@@ -86,7 +104,8 @@ class OpenAIChatBackend:
 
 
 class TransformersChatBackend:
-    """A local causal LM through `transformers` (the tokenizer's chat template when it has one).
+    """A local causal LM through `transformers` (the tokenizer's chat template when it has one), sampling at the
+    given temperature only (the checkpoint's generation config does not apply).
 
     Args:
         model: a local directory or hub id (offline: a directory).
@@ -95,8 +114,6 @@ class TransformersChatBackend:
     """
 
     def __init__(self, model: str, dtype: str = "float32", device: str | None = None) -> None:
-        from trl_ext.evaluation.transformers_backend import load_model_and_tokenizer
-
         self.name = model
         # Its left padding and EOS pad token change nothing here: one prompt per call, never padded.
         self.model, self.tokenizer = load_model_and_tokenizer(model, dtype, device)
@@ -113,7 +130,7 @@ class TransformersChatBackend:
         enc = self.tokenizer(self._prompt(messages), return_tensors="pt", add_special_tokens=False).to(self.device)
         torch.manual_seed(seed)
         sample = temperature > 0
-        with torch.no_grad():
+        with torch.no_grad(), checkpoint_sampling_off(self.model):
             out = self.model.generate(
                 **enc,
                 do_sample=sample,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from trl_ext.evaluation.config import STOP
 from trl_ext.evaluation.samples import Sample
 
@@ -45,6 +48,28 @@ def load_model_and_tokenizer(model_name: str, dtype: str = "float32", device: st
     return model, tokenizer
 
 
+@contextmanager
+def checkpoint_sampling_off(model) -> Iterator[None]:
+    """While inside, `model.generate` samples only what it is given: the fields a call leaves unset come from
+    transformers' global defaults, not from the checkpoint's `generation_config.json`.
+
+    transformers 5 fills every unset field of the `GenerationConfig` a call passes from `model.generation_config`
+    (`GenerationMixin._prepare_generation_config`: `update(**self.generation_config.to_dict(), defaults_only=True)`),
+    and Qwen2.5 Instruct checkpoints ship their own repetition penalty, top-k, top-p and temperature, so an
+    evaluation that names temperature 1 / top-p 1 would sample something else. The token ids (EOS, pad, BOS) stay.
+    """
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(
+        eos_token_id=saved.eos_token_id, pad_token_id=saved.pad_token_id, bos_token_id=saved.bos_token_id
+    )
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 def eos_token_ids(model, tokenizer) -> set[int]:
     """EOS ids of the tokenizer and of the model's generation config (chat models often have several)."""
     ids = set()
@@ -73,8 +98,9 @@ def generate_transformers(
     """Samples `(P, n)` with `model.generate`: `batch_size // n` prompts (at least one) per call, left-padded, each
     prompt's prefill computed once and its KV cache repeated for the n samples, with raw per-token log-probs.
 
-    Only the sampling we ask for is applied (a fresh `GenerationConfig`: no top-k, no repetition penalty from the
-    model's defaults), so temperature 1 / top-p 1 samples the model's own distribution as vLLM does.
+    Only the sampling we ask for is applied (`checkpoint_sampling_off`: no top-k, repetition penalty or temperature
+    from the checkpoint's generation config), so temperature 1 / top-p 1 samples the model's own distribution as
+    vLLM does.
     `min_new_tokens` (EOS suppressed before it) is for fixed-length benchmarks.
     """
     import torch
@@ -113,7 +139,7 @@ def generate_transformers(
         if not greedy and top_p < 1.0:
             processors.append(TopPLogitsWarper(top_p))
         torch.manual_seed(seed * 1_000_003 + b)
-        with torch.no_grad():
+        with torch.no_grad(), checkpoint_sampling_off(model):
             out = model.generate(
                 input_ids=ids.repeat_interleave(n, dim=0),
                 attention_mask=mask.repeat_interleave(n, dim=0),

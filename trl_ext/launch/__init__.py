@@ -3,20 +3,22 @@
 The accelerate config is the single source of truth for which GPUs train (`gpu_ids`, `num_processes`); the vLLM
 server gets the others, so the two never share a device (NCCL "duplicate GPU" errors, TRL issues #3706, #3762).
 
-1. `plan_launch` (pure, starts nothing) reads the accelerate config and the recipe YAML (`base:` resolved), splits
-   the GPUs and composes both commands: `trl vllm-serve --model M --tensor-parallel-size N --data-parallel-size D
-   --port P --host H` (TRL 1.16's server mode, which wraps `vllm serve`) with `CUDA_VISIBLE_DEVICES` = the server
-   GPUs, and `accelerate launch --config_file FILE RECIPE --config YAML ...` with `CUDA_VISIBLE_DEVICES` = the
-   training GPUs.
+1. `plan_launch` (starts nothing) reads the accelerate config and the recipe YAML (`base:` resolved), splits the
+   GPUs, sizes the server's tensor parallelism for the model's heads and composes both commands: `trl vllm-serve
+   --model M --tensor-parallel-size N --data-parallel-size 1 --port P --host 127.0.0.1` (TRL 1.16's server mode,
+   which wraps `vllm serve`) with `CUDA_VISIBLE_DEVICES` = the server GPUs, and `accelerate launch --config_file
+   FILE RECIPE --config YAML ...` with `CUDA_VISIBLE_DEVICES` = the training GPUs (both numbered in PCI bus order,
+   as nvidia-smi numbers them); then checks the machine and the recipe's preflight.
 2. `run_launch` checks the port is free, starts the server in its own process group (`ServerProcess`, output to a
    log file), polls `GET /health` until it answers 200, runs the trainer and returns the trainer's exit code.
 3. On success, failure, Ctrl-C (SIGINT) and SIGTERM both process groups (trainer, server) are stopped: SIGTERM,
    then SIGKILL after a grace period.
 
 Recipes that do not use vLLM server mode (`use_vllm: true` and `vllm_mode: server`) get `accelerate launch` only.
-Modules: `configs` (reading the two config files), `planning` (pure: config -> `LaunchPlan`), `supervision`
-(processes, signals, health polling), `cli` (the Typer command). Top-level imports stay stdlib + typer so
-`trl-ext --help` is fast.
+Modules: `configs` (reading the two config files), `planning` (pure: GPU split, parallelism, ports, commands),
+`checks` (the machine and the recipe's preflight over what was planned), `launcher` (`plan_launch`: read -> plan ->
+check), `supervision` (processes, signals, health polling), `table` (every shipped config x recipe x GPU count),
+`cli` (the Typer command). Top-level imports stay stdlib + typer so `trl-ext --help` is fast.
 """
 
 from trl_ext.launch.cli import SERVER_CMD_ENV, TRAIN_CMD_ENV, register
@@ -30,15 +32,16 @@ from trl_ext.launch.configs import (
     read_accelerate_config,
     read_recipe_serving,
 )
+from trl_ext.launch.launcher import plan_launch
 from trl_ext.launch.planning import (
     HEALTH_PATH,
     Command,
     LaunchPlan,
     detect_gpus,
-    plan_launch,
     server_command,
     server_parallelism,
     split_gpus,
+    tensor_parallel_sizes,
     trainer_command,
 )
 from trl_ext.launch.supervision import ServerProcess, check_port_free, run_launch, stop_process_group
@@ -67,5 +70,6 @@ __all__ = [
     "server_parallelism",
     "split_gpus",
     "stop_process_group",
+    "tensor_parallel_sizes",
     "trainer_command",
 ]

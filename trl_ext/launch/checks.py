@@ -1,22 +1,47 @@
-"""The launcher's preflight: `trl_ext.preflight` for the GPU split `plan_launch` is about to make, and the free ports
-it picks (vLLM server, TRL's NCCL weight-sync group, torch's rendezvous), before any server or trainer starts."""
+"""The launcher's checks over a planned launch, before any server or trainer starts: the machine (GPU numbering,
+the NVIDIA driver against torch's CUDA) and the recipe's preflight (`trl_ext.recipes.preflight_recipe`: batches for
+the planned number of training processes, memory against the training GPUs' free memory, the NCCL group port,
+output_dir, wandb, sources).
+
+They take what `trl_ext.launch.planning` decided and return or raise; they decide nothing of the plan.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trl_ext.launch.configs import AccelerateSetup, LaunchError
-
-TORCH_RENDEZVOUS_PORT = 29500
+from trl_ext.preflight.context import RunContext, cuda_device_order_problem, gpus_memory, nvidia_smi_gpus
+from trl_ext.preflight.driver import driver_problem, nvidia_smi_output
+from trl_ext.preflight.plan import Preflight
+from trl_ext.preflight.problems import PreflightError
+from trl_ext.recipes import TASK_DEFAULTS, preflight_recipe
 
 
 def recipe_script_task(recipe: str | Path) -> str | None:
     """The GRPO task of a trl_ext recipe script (`recipes/countdown.py` -> "countdown"), else None."""
-    from trl_ext.recipes import TASK_DEFAULTS
-
     stem = Path(recipe).stem
     return stem if stem in TASK_DEFAULTS else None
+
+
+def check_machine(environ: Mapping[str, str], uses_gpus: bool) -> None:
+    """GPU numbering and the driver, when the launch puts anything on a GPU.
+
+    Raises:
+        LaunchError: `CUDA_DEVICE_ORDER` is not PCI_BUS_ID, or the driver is too old for the installed torch.
+    """
+    if not uses_gpus:
+        return
+    problem = cuda_device_order_problem(environ)
+    if problem is not None:
+        raise LaunchError(problem.render())
+    import torch
+
+    if torch.version.cuda and not torch.cuda.is_available():
+        message = driver_problem(nvidia_smi_output(), torch.version.cuda, f"the installed torch {torch.__version__}")
+        if message:
+            raise LaunchError(message)
 
 
 def launch_preflight(
@@ -29,26 +54,29 @@ def launch_preflight(
     server_tp: int = 1,
     gpu_memory_gb: float | None = None,
     check_packages: bool = True,
-):
+) -> tuple[tuple, Preflight] | None:
     """Every preflight check of a trl_ext GRPO recipe on this launch; None for other scripts (nothing to check).
 
     Training runs `setup.num_processes` processes on `train_gpus`; the memory limit is `gpu_memory_gb`, else the
-    smallest training GPU's memory per `nvidia-smi`. Ports the recipe leaves unset are picked free.
+    smallest FREE memory of the training GPUs per nvidia-smi (the colocated vLLM share is a part of their total).
+
+    Returns:
+        The parsed recipe `(script_args, training_args, model_args)` and its `Preflight` (no problems).
 
     Raises:
         LaunchError: the recipe does not parse, or the preflight found problems (each with its fix).
     """
-    from trl_ext.preflight.entry import preflight_recipe
-    from trl_ext.preflight.environment import nvidia_smi_memory_gib
-    from trl_ext.preflight.plan import RunContext
-    from trl_ext.preflight.problems import PreflightError
-
     task = recipe_script_task(recipe)
     if task is None or config is None:
         return None
-    # Training on the CPU (cpu.yaml) has no GPU memory to check against.
-    memory = nvidia_smi_memory_gib(list(train_gpus)) if train_gpus else None
-    limit = (gpu_memory_gb if gpu_memory_gb is not None else memory) if train_gpus else None
+    memory = gpus_memory(list(train_gpus), nvidia_smi_gpus()) if train_gpus else None
+    total, free = memory if memory is not None else (None, None)
+    if not train_gpus:  # training on the CPU (cpu.yaml) has no GPU memory to check against
+        limit, source = None, ""
+    elif gpu_memory_gb is not None:
+        limit, source = gpu_memory_gb, "--gpu-memory-gb"
+    else:
+        limit, source = free, ("free per nvidia-smi" if free is not None else "")
     context = RunContext(
         world_size=setup.num_processes,
         distributed_type=setup.distributed_type,
@@ -56,9 +84,9 @@ def launch_preflight(
         train_devices=tuple(train_gpus),
         server_devices=tuple(server_gpus),
         server_tp=server_tp,
-        gpu_memory_gib=memory,
+        gpu_memory_gib=total if total is not None else gpu_memory_gb,
         memory_limit_gib=limit,
-        pick_ports=True,
+        limit_source=source,
         check_packages=check_packages,
         label=f"{setup.path} ({setup.num_processes} training process(es))",
     )
@@ -68,30 +96,17 @@ def launch_preflight(
         # unless told it trains on the CPU. The flag is for this parse only; the trainer parses its own command.
         argv += ["--use_cpu", "true"]
     try:
-        _, report = preflight_recipe(task, argv, setup.num_processes, lambda parsed: context)
+        parsed, report = preflight_recipe(task, argv, setup.num_processes, lambda parsed: context)
     except PreflightError as exc:
         raise LaunchError(str(exc)) from None
-    except ValueError as exc:  # trl_ext.recipes.RecipeError: the recipe does not parse
+    except ValueError as exc:  # RecipeError, or a config value TRL's dataclasses refuse
         raise LaunchError(f"recipe config: {exc}") from None
     if report.problems:
         raise LaunchError(report.render())
-    return report
+    return parsed, report
 
 
 def _cuda_here() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def rendezvous_args(setup: AccelerateSetup) -> list[str]:
-    """`--main_process_port P` with a free P for a one-machine multi-process launch whose config sets no port, so
-    two runs on one node never meet on torch's default 29500."""
-    from trl_ext.preflight.environment import pick_free_port
-
-    if setup.num_processes < 2 or setup.num_machines > 1 or setup.main_process_port is not None:
-        return []
-    port = pick_free_port(TORCH_RENDEZVOUS_PORT)
-    if port is None:
-        raise LaunchError("no free port from 29500 for torch's rendezvous; set main_process_port in the config")
-    return ["--main_process_port", str(port)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from trl_ext.launch.configs import LaunchError
-from trl_ext.launch.planning import plan_launch
+from trl_ext.launch.launcher import plan_launch
 from trl_ext.launch.supervision import run_launch
 
 SERVER_CMD_ENV = "TRL_EXT_SERVER_CMD"
@@ -40,15 +40,32 @@ def register(app: typer.Typer) -> None:
         num_gpus: int | None = typer.Option(
             None, "--num-gpus", help="GPUs on this machine (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)."
         ),
-        vllm_tp: int | None = typer.Option(None, "--vllm-tp", help="Server tensor-parallel size (default: all free)."),
-        vllm_dp: int | None = typer.Option(None, "--vllm-dp", help="Server data-parallel size (default 1)."),
+        num_processes: int | None = typer.Option(
+            None,
+            "--num-processes",
+            help="Training processes instead of the accelerate config's num_processes (e.g. 2 on a 4-GPU node: "
+            "training on 2 GPUs, the server on the other 2).",
+        ),
+        machine_rank: int | None = typer.Option(
+            None, "--machine-rank", help="This machine's rank instead of the config's (multi-machine configs)."
+        ),
+        vllm_tp: int | None = typer.Option(
+            None, "--vllm-tp", help="Server tensor-parallel size (default: the largest that shards the model's heads)."
+        ),
+        vllm_dp: int | None = typer.Option(
+            None,
+            "--vllm-dp",
+            help="Server data-parallel size (default 1; above 1 only for mixture-of-experts models).",
+        ),
         vllm_args: str = typer.Option(
             "", "--vllm-args", help="Extra server args, one string, e.g. '--max_model_len 4096'."
         ),
         health_timeout: float = typer.Option(900.0, "--health-timeout", help="Seconds to wait for /health."),
         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping."),
         log_dir: Path | None = typer.Option(
-            None, "--log-dir", help="Folder of the server log (default: the recipe's output_dir, else runs/launch)."
+            None,
+            "--log-dir",
+            help="Folder of the server log (default: the run's output_dir; runs/launch for other scripts).",
         ),
         server_cmd: str | None = typer.Option(
             None,
@@ -67,7 +84,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--gpu-memory-gb",
             help="Refuse a plan whose estimated peak memory per training GPU exceeds this many GiB (default: the "
-            "training GPUs' memory per nvidia-smi; no check when unknown).",
+            "training GPUs' free memory per nvidia-smi; no check when unknown).",
         ),
         dry_run: bool = typer.Option(
             False, "--dry-run", help="Run the preflight, print the plan and both commands (with their env), and exit."
@@ -80,6 +97,8 @@ def register(app: typer.Typer) -> None:
                 config,
                 list(ctx.args),
                 num_gpus=num_gpus,
+                num_processes=num_processes,
+                machine_rank=machine_rank,
                 vllm_tp=vllm_tp,
                 vllm_dp=vllm_dp,
                 vllm_args=shlex.split(vllm_args),

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trl_ext.preflight.plan import TRL_SERVER_PORT as TRL_DEFAULT_PORT
-from trl_ext.preflight.plan import cli_overrides
+from trl_ext.recipes.stated import cli_overrides
+from trl_ext.recipes.yaml_chain import load_recipe_yaml as recipes_load_yaml
 
 # TRL 1.16 GRPOConfig defaults for the server the trainer connects to (the port: the preflight's, one constant).
 TRL_DEFAULT_HOST = "0.0.0.0"
@@ -24,6 +25,7 @@ _SERVING_KEYS = (
     "vllm_server_port",
     "vllm_server_base_url",
     "vllm_gpu_memory_utilization",
+    "vllm_group_port",
     "output_dir",
 )
 
@@ -46,6 +48,7 @@ class AccelerateSetup:
         use_cpu: training runs on CPU and takes no GPU.
         zero_stage: DeepSpeed ZeRO stage (`deepspeed_config.zero_stage`; 0 without DeepSpeed).
         main_process_port: torch's rendezvous port when the file sets one.
+        machine_rank: this machine's rank among `num_machines` (0 holds training rank 0).
     """
 
     path: Path
@@ -56,6 +59,7 @@ class AccelerateSetup:
     use_cpu: bool = False
     zero_stage: int = 0
     main_process_port: int | None = None
+    machine_rank: int = 0
 
     @property
     def local_processes(self) -> int:
@@ -107,16 +111,19 @@ def read_accelerate_config(path: str | Path) -> AccelerateSetup:
         zero_stage = _as_int(deepspeed.get("zero_stage", 0), f"accelerate config {path}: `zero_stage`", minimum=0)
     port = data.get("main_process_port")
     main_port = None if port is None else _as_int(port, f"accelerate config {path}: `main_process_port`", minimum=1)
+    machine_rank = _as_int(data.get("machine_rank", 0) or 0, f"accelerate config {path}: `machine_rank`", minimum=0)
+    if machine_rank >= num_machines:
+        raise LaunchError(
+            f"accelerate config {path}: `machine_rank` {machine_rank} is not below `num_machines` {num_machines}"
+        )
     return AccelerateSetup(
-        path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu, zero_stage, main_port
+        path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu, zero_stage, main_port, machine_rank
     )
 
 
 def load_recipe_yaml(path: str | Path) -> dict:
     """A recipe YAML as one flat dict, its `base:` chain resolved, read by `trl_ext.recipes.load_recipe_yaml` so the
     launcher and the recipe scripts see the same values."""
-    from trl_ext.recipes import load_recipe_yaml as recipes_load_yaml
-
     try:
         return dict(recipes_load_yaml(path))
     except (OSError, ValueError) as exc:  # trl_ext.recipes.RecipeError is a ValueError naming the file
@@ -129,7 +136,7 @@ def _read_yaml_mapping(path: Path, what: str) -> dict:
     if not path.is_file():
         raise LaunchError(f"{what} {path} not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise LaunchError(f"{what} {path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -151,6 +158,8 @@ class RecipeServing:
     output_dir: str | None = None
     base_url: str | None = None
     gpu_memory_utilization: float | None = None  # the recipe's vLLM share, passed to the server it starts
+    port_stated: bool = False
+    group_port: int | None = None
 
     @property
     def server_mode(self) -> bool:
@@ -198,6 +207,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     stated = values.get("vllm_gpu_memory_utilization")
     unset = stated is None or str(stated).lower() == "null"  # `--vllm_gpu_memory_utilization null` unsets it
     share = None if unset else _as_share(stated, f"{source}: `vllm_gpu_memory_utilization`")
+    group = values.get("vllm_group_port")
     return RecipeServing(
         use_vllm=use_vllm,
         vllm_mode=vllm_mode,
@@ -207,6 +217,8 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         output_dir=None if output_dir is None else str(output_dir),
         base_url=str(base_url) if base_url else None,
         gpu_memory_utilization=share,
+        port_stated=bool(base_url) or values.get("vllm_server_port") is not None,
+        group_port=None if group is None else _as_int(group, f"{source}: `vllm_group_port`", minimum=1),
     )
 
 

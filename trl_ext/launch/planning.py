@@ -1,10 +1,16 @@
-"""Launch planning, pure: GPU split between training and the vLLM server, both commands, the `LaunchPlan`.
+"""Launch planning, pure: the GPU split between training and the vLLM server, the server's parallelism, the
+ports, both commands, the `LaunchPlan`.
 
-`plan_launch` turns the two config files (and the recipe args) into the plan that
-`trl_ext.launch.supervision.run_launch` carries out and `trl-ext launch --dry-run` prints, after the preflight of a
-trl_ext GRPO recipe (`trl_ext.launch.checks`: batches for this many processes, memory, free ports, output_dir,
-wandb, sources). Nothing here starts the server or the trainer; the outside calls are `nvidia-smi` (GPU list and
-memory, only when `--num-gpus` / `CUDA_VISIBLE_DEVICES` / `--gpu-memory-gb` do not say) and port binds.
+Nothing here starts the server or the trainer or checks the recipe (`trl_ext.launch.checks` does, over what this
+module planned; `trl_ext.launch.launcher.plan_launch` calls one, then the other). The outside calls are
+`nvidia-smi -L` (GPU count, only when neither `--num-gpus` nor `CUDA_VISIBLE_DEVICES` says) and port binds.
+
+Tensor parallelism shards the attention heads, the KV heads and the MLP over the TP ranks, and vLLM refuses a size
+that does not divide them (`vllm/config/model.py` `verify_with_parallel_config`: "Total number of attention heads
+... must be divisible by tensor parallel size"; `QKVParallelLinear` divides the KV heads by TP or TP by the KV heads;
+the column-parallel MLP divides `intermediate_size` by TP). Data parallelism above 1 is refused for dense models:
+TRL 1.16's `trl vllm-serve` documents that it "will error out" for them (`trl/scripts/vllm_serve.py`,
+`ScriptArguments.data_parallel_size`, citing vLLM PR #30739).
 """
 
 from __future__ import annotations
@@ -18,16 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.launch.checks import launch_preflight, recipe_script_task, rendezvous_args
-from trl_ext.launch.configs import AccelerateSetup, LaunchError, read_accelerate_config, read_recipe_serving
+from trl_ext.launch.configs import TRL_DEFAULT_PORT, AccelerateSetup, LaunchError, RecipeServing
+from trl_ext.preflight.context import PCI_BUS_ID
+from trl_ext.preflight.environment import choose_port, pick_free_port
+from trl_ext.preflight.models import ModelShape
+from trl_ext.preflight.plan import TRL_GROUP_PORT
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
 HEALTH_PATH = "/health"
 # `trl vllm-serve` sets VLLM_SERVER_DEV_MODE=1: its weight-update and cache endpoints answer anyone who reaches the
-# port. On one machine only the trainer needs it, so the server listens on loopback only.
+# port. Only training rank 0 talks to the server (TRL's VLLMGeneration makes the client on the main process only),
+# and it runs on the machine that starts the server, so the server listens on loopback only.
 SERVER_BIND_HOST = "127.0.0.1"
 # Trainer-side hosts that reach a server bound to 127.0.0.1 (Linux connects 0.0.0.0 to the local host).
 _LOOPBACK_CLIENT_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", ""}
+CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+TORCH_RENDEZVOUS_PORT = 29500
 
 
 def vllm_cpu_build() -> bool:
@@ -46,17 +58,26 @@ def vllm_cpu_build() -> bool:
 def detect_gpus(num_gpus: int | None = None, environ: dict[str, str] | None = None) -> tuple[list[str], str]:
     """The GPU ids this machine offers, and where that answer came from.
 
-    Order: `num_gpus` (the `--num-gpus` override, ids `0..num_gpus-1`), else `CUDA_VISIBLE_DEVICES` (its ids as
-    written), else the `GPU i:` lines of `nvidia-smi -L`, else none.
+    `CUDA_VISIBLE_DEVICES` (a scheduler's allocation) wins: its ids as written, and `--num-gpus` must agree with
+    their count. Else `num_gpus` (ids `0..num_gpus-1`), else the `GPU i:` lines of `nvidia-smi -L`, else none.
+
+    Raises:
+        LaunchError: `--num-gpus` is negative or disagrees with `CUDA_VISIBLE_DEVICES`.
     """
     environ = os.environ if environ is None else environ
-    if num_gpus is not None:
-        if num_gpus < 0:
-            raise LaunchError(f"--num-gpus must be >= 0, got {num_gpus}")
-        return [str(i) for i in range(num_gpus)], "--num-gpus"
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if num_gpus is not None and num_gpus < 0:
+        raise LaunchError(f"--num-gpus must be >= 0, got {num_gpus}")
+    visible = environ.get(CUDA_VISIBLE)
     if visible is not None:
-        return [part.strip() for part in visible.split(",") if part.strip()], "CUDA_VISIBLE_DEVICES"
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+        if num_gpus is not None and num_gpus != len(ids):
+            raise LaunchError(
+                f"--num-gpus {num_gpus} but CUDA_VISIBLE_DEVICES={visible} allows {len(ids)} GPU(s): the launch stays "
+                "inside CUDA_VISIBLE_DEVICES; drop --num-gpus (or unset CUDA_VISIBLE_DEVICES to plan for another node)"
+            )
+        return ids, CUDA_VISIBLE
+    if num_gpus is not None:
+        return [str(i) for i in range(num_gpus)], "--num-gpus"
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -69,7 +90,10 @@ def split_gpus(setup: AccelerateSetup, available: Sequence[str], source: str = "
     """Splits the available GPUs into (training, free for the server); the accelerate config decides training.
 
     Training takes `gpu_ids` when listed, else (accelerate's `all`) the first `num_processes / num_machines`
-    available GPUs, else none with `use_cpu`. The server gets every available GPU training does not take.
+    available GPUs, else none with `use_cpu`. Inside an allocation (`source` is `CUDA_VISIBLE_DEVICES`) `gpu_ids`
+    count positions in it: `gpu_ids: '1'` with `CUDA_VISIBLE_DEVICES=2,3` trains on GPU 3, as CUDA numbers the
+    visible devices, never on a GPU outside the allocation. The server gets every available GPU training does not
+    take.
 
     Raises:
         LaunchError: `gpu_ids` names a GPU that is not available, lists fewer GPUs than processes, or the config
@@ -87,41 +111,79 @@ def split_gpus(setup: AccelerateSetup, available: Sequence[str], source: str = "
             )
         train = available[: setup.local_processes]
     else:
-        missing = [gpu for gpu in setup.gpu_ids if gpu not in available]
-        if missing:
+        inside = source == CUDA_VISIBLE
+        if inside:
+            bad = [g for g in setup.gpu_ids if not g.isdigit() or int(g) >= len(available)]
+        else:
+            bad = [g for g in setup.gpu_ids if g not in available]
+        if bad:
+            fix = (
+                f"the allocation has positions 0..{len(available) - 1}: edit `gpu_ids`"
+                if inside
+                else "use --num-gpus N to state the GPU count"
+            )
             raise LaunchError(
-                f"accelerate config {setup.path}: `gpu_ids` {','.join(setup.gpu_ids)} names GPU(s) {missing} that are "
-                f"not available{where}: {available} (use --num-gpus N to state the GPU count)"
+                f"accelerate config {setup.path}: `gpu_ids` {','.join(setup.gpu_ids)} names GPU(s) {bad} that are "
+                f"not available{where}: {available} ({fix})"
             )
         if len(setup.gpu_ids) < setup.local_processes:
             raise LaunchError(
                 f"accelerate config {setup.path}: `gpu_ids` lists {len(setup.gpu_ids)} GPU(s) for "
                 f"{setup.local_processes} process(es) per machine; make `num_processes` and `gpu_ids` agree"
             )
-        train = list(setup.gpu_ids)
+        train = [available[int(g)] for g in setup.gpu_ids] if inside else list(setup.gpu_ids)
     return train, [gpu for gpu in available if gpu not in train]
 
 
-def server_parallelism(free: Sequence[str], tp: int | None, dp: int | None) -> tuple[list[str], int, int]:
+def tensor_parallel_ok(shape: ModelShape, tp: int) -> bool:
+    """Whether vLLM can shard `shape` over `tp` ranks: TP divides the attention heads and the MLP width, and the KV
+    heads divide TP (replicated) or TP divides them (module docstring)."""
+    kv = shape.num_kv_heads
+    kv_ok = tp % kv == 0 if tp >= kv else kv % tp == 0
+    return shape.num_heads % tp == 0 and shape.intermediate_size % tp == 0 and kv_ok
+
+
+def tensor_parallel_sizes(shape: ModelShape | None, max_gpus: int) -> list[int]:
+    """The tensor-parallel sizes up to `max_gpus` that shard `shape` (powers of two when the shape is unknown:
+    head counts are a power of two times a small factor)."""
+    if shape is None:
+        return [1 << i for i in range(max(max_gpus, 1).bit_length())]
+    return [tp for tp in range(1, max_gpus + 1) if tensor_parallel_ok(shape, tp)]
+
+
+def server_parallelism(
+    free: Sequence[str], tp: int | None, dp: int | None, shape: ModelShape | None = None
+) -> tuple[list[str], int, int]:
     """The server's GPUs and its tensor / data parallel sizes.
 
-    With neither size given: one tensor-parallel group over the largest power of two of free GPUs,
-    `tp = 2 ** floor(log2(len(free)))`, `dp = 1` (attention head counts are powers of two times a small factor, so
-    `tp = 3` or `7` fails to shard; vLLM refuses `dp > 1` for dense models). Otherwise the first `tp * dp` free GPUs.
-    Free GPUs beyond that stay idle.
+    With no `tp`: the largest size up to the free GPUs that shards the model (`tensor_parallel_sizes`), `dp = 1`.
+    Free GPUs beyond `tp * dp` stay idle.
 
     Raises:
-        LaunchError: no GPU is free, a size is < 1, or `tp * dp` exceeds the free GPUs.
+        LaunchError: no GPU is free, a size is < 1, `tp` does not shard the model's heads, `dp > 1` for a dense (or
+            unknown) model, or `tp * dp` exceeds the free GPUs.
     """
     if not free:
         raise LaunchError("no free GPU left for the vLLM server")
-    if tp is None and dp is None:
-        tp = 1 << (len(free).bit_length() - 1)
-        return list(free[:tp]), tp, 1
-    tp = 1 if tp is None else tp
     dp = 1 if dp is None else dp
-    if tp < 1 or dp < 1:
+    if (tp is not None and tp < 1) or dp < 1:
         raise LaunchError(f"--vllm-tp and --vllm-dp must be >= 1, got {tp} and {dp}")
+    if dp > 1 and (shape is None or not shape.experts):
+        what = "a dense model" if shape is not None else "a model whose config was not found (dense or not)"
+        raise LaunchError(
+            f"--vllm-dp {dp}: {shape.name if shape else 'the model'} is {what}, and TRL 1.16's `trl vllm-serve` "
+            "errors out with --data-parallel-size > 1 for dense models (vLLM PR #30739); use --vllm-dp 1 with "
+            "tensor parallelism (--vllm-tp), or a second launch for a second server"
+        )
+    sizes = tensor_parallel_sizes(shape, len(free))
+    if tp is None:
+        tp = max(t for t in sizes if t * dp <= len(free)) if any(t * dp <= len(free) for t in sizes) else 1
+    elif shape is not None and not tensor_parallel_ok(shape, tp):
+        raise LaunchError(
+            f"--vllm-tp {tp} does not shard {shape.name} ({shape.num_heads} attention heads, {shape.num_kv_heads} KV "
+            f"heads, MLP width {shape.intermediate_size}); vLLM refuses it. Sizes that do, up to {len(free)} free "
+            f"GPU(s): {', '.join(map(str, sizes))}"
+        )
     if tp * dp > len(free):
         raise LaunchError(
             f"--vllm-tp {tp} x --vllm-dp {dp} = {tp * dp} GPUs, but only {len(free)} are free for the server: "
@@ -158,9 +220,12 @@ class LaunchPlan:
     server_log: Path | None = None
     train_gpus: tuple[str, ...] = ()
     server_gpus: tuple[str, ...] = ()
+    tp: int = 0
+    dp: int = 0
     notes: tuple[str, ...] = ()
     preflight: str = ""
     report: Any = field(default=None, compare=False, repr=False)  # the trl_ext.preflight.plan.Preflight, if any
+    output_dir: str | None = None  # the run folder the recipe parses to (None: not a trl_ext recipe)
 
     def render(self) -> str:
         lines = ([self.preflight] if self.preflight else []) + list(self.notes)
@@ -169,6 +234,12 @@ class LaunchPlan:
             lines.append(f"         log {self.server_log}, health {self.health_url}")
         lines.append(f"trainer: {self.trainer.render()}")
         return "\n".join(lines)
+
+
+def gpu_env(gpus: Sequence[str]) -> dict[str, str]:
+    """`CUDA_VISIBLE_DEVICES` for a command on `gpus`, numbered as nvidia-smi numbers them (`CUDA_DEVICE_ORDER`
+    PCI_BUS_ID; `trl_ext.preflight.context`)."""
+    return {"CUDA_DEVICE_ORDER": PCI_BUS_ID, CUDA_VISIBLE: ",".join(gpus)}
 
 
 def _tool(name: str) -> str:
@@ -192,7 +263,7 @@ def server_command(
     `template` replaces it (tests and custom servers): a shell-style string formatted with `{model}`, `{host}`,
     `{port}`, `{tp}`, `{dp}`, `{gpus}`, `{python}`.
     """
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}  # no GPUs: vLLM's CPU build
+    env = gpu_env(gpus) if gpus else {}  # no GPUs: vLLM's CPU build
     if template is not None:
         fields = {"model": model, "host": host, "port": port, "tp": tp, "dp": dp, "gpus": ",".join(gpus)}
         fields["python"] = sys.executable
@@ -226,163 +297,66 @@ def trainer_command(
     return Command(tuple(argv) + tuple(extra_args), dict(env or {}))
 
 
-def plan_launch(
-    accelerate_config: str | Path,
-    recipe: str | Path,
-    config: str | Path | None = None,
-    extra_args: Sequence[str] = (),
-    *,
-    num_gpus: int | None = None,
-    vllm_tp: int | None = None,
-    vllm_dp: int | None = None,
-    vllm_args: Sequence[str] = (),
-    server_cmd: str | None = None,
-    train_cmd: str | None = None,
-    log_dir: str | Path | None = None,
-    environ: dict[str, str] | None = None,
-    gpu_memory_gb: float | None = None,
-    check_packages: bool = True,
-) -> LaunchPlan:
-    """Composes the server and trainer commands from the configs; checks everything that can fail before a start.
+def accelerate_args(setup: AccelerateSetup, train: Sequence[str], num_processes: int | None) -> list[str]:
+    """accelerate's own flags for this launch: `--num_processes N` when the launcher overrides the config's, and
+    `--gpu_ids IDS` when training runs on other GPUs than the config's `gpu_ids` name (positions inside
+    `CUDA_VISIBLE_DEVICES`: accelerate would export its `gpu_ids` as they are)."""
+    args = ["--num_processes", str(num_processes)] if num_processes is not None else []
+    if setup.gpu_ids is not None and tuple(train) != setup.gpu_ids:
+        args += ["--gpu_ids", ",".join(train)]
+    return args
 
-    Args:
-        accelerate_config: accelerate config file; decides which GPUs train.
-        recipe: the recipe script, e.g. `recipes/countdown.py`.
-        config: the recipe YAML (`--config`), or None.
-        extra_args: recipe args after the YAML; serving fields among them override the YAML.
-        num_gpus: GPU count override (ids `0..n-1`); default `CUDA_VISIBLE_DEVICES`, then `nvidia-smi -L`.
-        vllm_tp: server tensor-parallel size; vllm_dp: server data-parallel size (see `server_parallelism`).
-        vllm_args: extra args for the server command, e.g. `("--max_model_len", "4096")`.
-        server_cmd: a template replacing the server command (see `server_command`).
-        train_cmd: a template replacing `accelerate launch ...` (see `trainer_command`).
-        log_dir: folder of the server log; default the recipe's `output_dir`, else `runs/launch`.
-        environ: environment to read `CUDA_VISIBLE_DEVICES` from (default `os.environ`).
-        gpu_memory_gb: the preflight's memory limit per training GPU (default: its memory per nvidia-smi).
-        check_packages: the preflight checks that vLLM / DeepSpeed / bitsandbytes are installed where needed.
+
+def rendezvous_args(setup: AccelerateSetup) -> list[str]:
+    """`--main_process_port P` with a free P for a one-machine multi-process launch whose config sets no port, so
+    two runs on one node never meet on torch's default 29500."""
+    if setup.num_processes < 2 or setup.num_machines > 1 or setup.main_process_port is not None:
+        return []
+    port = pick_free_port(TORCH_RENDEZVOUS_PORT)
+    if port is None:
+        raise LaunchError("no free port from 29500 for torch's rendezvous; set main_process_port in the config")
+    return ["--main_process_port", str(port)]
+
+
+def serving_ports(serving: RecipeServing, pick: bool = True) -> tuple[int, list[str]]:
+    """The server's port and the recipe flags for the ports the launcher picks.
+
+    A port the recipe states is kept (the preflight checks the group port; a busy server port is refused here with
+    a free one named); one it leaves unset is picked free from TRL's default (8000, and 51216 for the NCCL
+    weight-sync group that training rank 0 binds), so two runs on one node never collide. With `pick` False (a
+    script that is not a trl_ext recipe, which may not take these flags) the recipe's port is used as it is.
 
     Raises:
-        LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing, a failed preflight.
+        LaunchError: the stated server port is in use, or no port is free.
     """
-    setup = read_accelerate_config(accelerate_config)
-    if not Path(recipe).is_file():
-        raise LaunchError(f"recipe script {recipe} not found")
-    serving = read_recipe_serving(config, extra_args)
-    launch_args = rendezvous_args(setup)
-    local = serving.server_mode and serving.local_server
-    if not local:
-        if not serving.server_mode:
-            note = (
-                f"recipe {config or '(no --config)'} does not use vLLM server mode "
-                f"(use_vllm={serving.use_vllm}, vllm_mode={serving.vllm_mode}): running accelerate launch only"
-            )
-        else:
-            note = (
-                f"vllm_server_host {serving.host} is not this machine: start the server there "
-                f"(trl vllm-serve --model {serving.model} --port {serving.port}); running accelerate launch only"
-            )
-        train: list[str] = []
-        if recipe_script_task(recipe) and not setup.use_cpu:  # the preflight's memory check wants the training GPUs
-            available, source = detect_gpus(num_gpus, environ)
-            train = split_gpus(setup, available, source)[0] if available else []
-        report = launch_preflight(
-            setup, recipe, config, extra_args, train, gpu_memory_gb=gpu_memory_gb, check_packages=check_packages
-        )
-        extra = [*extra_args, *(report.trainer_flags() if report else [])]
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(train)} if train else None
-        trainer = trainer_command(accelerate_config, recipe, config, extra, env, train_cmd, launch_args)
-        return LaunchPlan(
-            trainer=trainer,
-            train_gpus=tuple(train),
-            notes=(note,),
-            preflight=report.render() if report else "",
-            report=report,
-        )
-    if not serving.model:
-        raise LaunchError(f"recipe config {config}: vLLM server mode needs `model_name_or_path` to serve")
+    if not pick:
+        return serving.port, []
+    given = serving.port if serving.port_stated else None
+    server, problems = choose_port("vllm_server_port", given, TRL_DEFAULT_PORT)
+    if server is None:
+        raise LaunchError("; ".join(p.render() for p in problems))
+    flags = server.flag().split() if server.picked else []
+    if serving.group_port is None:
+        group = pick_free_port(TRL_GROUP_PORT, avoid={server.port})
+        if group is None:
+            raise LaunchError(f"no free port from {TRL_GROUP_PORT} for vllm_group_port; set it in the recipe")
+        flags += ["--vllm_group_port", str(group)]
+    return server.port, flags
 
-    available, source = detect_gpus(num_gpus, environ)
-    train, free = split_gpus(setup, available, source)
-    on_cpu = not available and vllm_cpu_build()
-    if on_cpu:
-        if (vllm_tp or 1) * (vllm_dp or 1) > 1:
-            raise LaunchError(f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}")
-        server_gpus, tp, dp = [], 1, 1
-    elif not free:
-        raise LaunchError(
-            f"no free GPU left for the vLLM server: accelerate config {setup.path} trains on {train} and "
-            f"{len(available)} GPU(s) are available (from {source}): {available}. Train on fewer GPUs "
-            "(`gpu_ids`, `num_processes`), or use `vllm_mode: colocate`"
-        )
+
+def loopback_flags(serving: RecipeServing, port: int) -> tuple[list[str], str]:
+    """Recipe flags that point the trainer at the server bound to 127.0.0.1, and the plan's note about who can
+    reach it. A recipe host the trainer could not reach it at (the machine's name, `::`) is replaced by
+    `--vllm_server_host 127.0.0.1` (or `--vllm_server_base_url http://127.0.0.1:P`)."""
+    note = f"the server binds {SERVER_BIND_HOST} (only training rank 0, on this machine, talks to it: port {port})"
+    if serving.host in _LOOPBACK_CLIENT_HOSTS:
+        return [], note
+    if serving.base_url:
+        flags = ["--vllm_server_base_url", f"http://{SERVER_BIND_HOST}:{port}"]
     else:
-        server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp)
-    report = launch_preflight(
-        setup, recipe, config, extra_args, train, server_gpus, tp, gpu_memory_gb, check_packages=check_packages
-    )
-    port = (
-        next((p.port for p in report.ports if p.field == "vllm_server_port"), serving.port) if report else serving.port
-    )
-    bind_host, extra_args, bind_note = _bind(setup, serving, list(extra_args), port)
-    stated = {a.lstrip("-").split("=")[0].replace("-", "_") for a in vllm_args}
-    if serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
-        vllm_args = [*vllm_args, "--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
-    server = server_command(serving.model, bind_host, port, tp, dp, server_gpus, vllm_args, server_cmd)
-    # The trainer sees only its own GPUs, so nothing in it can touch the server's.
-    trainer_env = {"CUDA_VISIBLE_DEVICES": ",".join(train)}
-    extra = [*extra_args, *(report.trainer_flags() if report else [])]
-    trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
-    log_root = Path(log_dir) if log_dir is not None else Path(serving.output_dir or "runs/launch")
-    connect_host = "127.0.0.1" if bind_host in ("", "0.0.0.0", "::") else bind_host
-    idle = [gpu for gpu in free if gpu not in server_gpus]
-    where = "the CPU (vLLM's CPU build, no GPU found)" if on_cpu else f"GPU(s) {','.join(server_gpus)}"
-    note = (
-        f"vLLM server mode: {serving.model} on {where} (tp {tp}, dp {dp}), training on "
-        f"{','.join(train) or 'CPU'}; {len(available)} GPU(s) from {source}"
-        + (f"; idle: {','.join(idle)}" if idle else "")
-    )
-    return LaunchPlan(
-        trainer=trainer,
-        server=server,
-        host=bind_host,
-        port=port,
-        health_url=f"http://{_url_host(connect_host)}:{port}{HEALTH_PATH}",
-        server_log=log_root / f"vllm_server_{port}.log",
-        train_gpus=tuple(train),
-        server_gpus=tuple(server_gpus),
-        notes=(note, bind_note),
-        preflight=report.render() if report else "",
-        report=report,
-    )
+        flags = ["--vllm_server_host", SERVER_BIND_HOST]
+    return flags, note + f"; the trainer gets {shlex.join(flags)} instead of {serving.host}"
 
 
-def _bind(setup: AccelerateSetup, serving, extra_args: list[str], port: int) -> tuple[str, list[str], str]:
-    """The server's bind host, the trainer's recipe args, and the plan's note about who can reach the server.
-
-    One machine: the server binds 127.0.0.1; a recipe host that would not reach it there (the machine's name,
-    `::`) is replaced for the trainer by `--vllm_server_host 127.0.0.1` (or `--vllm_server_base_url`). Several
-    machines (`num_machines > 1`): the server binds the recipe's host (TRL's default 0.0.0.0), reachable from the
-    network, and the note says so.
-    """
-    if setup.num_machines > 1:
-        host = serving.host or "0.0.0.0"
-        return (
-            host,
-            extra_args,
-            (
-                f"the plan spans {setup.num_machines} machines: the server binds {host}, reachable from the network; "
-                f"with VLLM_SERVER_DEV_MODE=1 (set by trl vllm-serve) anyone who reaches port {port} can replace the "
-                "weights: firewall it to the training machines"
-            ),
-        )
-    note = f"the server binds {SERVER_BIND_HOST} (one machine: only this machine can reach port {port})"
-    if serving.host not in _LOOPBACK_CLIENT_HOSTS:
-        if serving.base_url:
-            flag = ["--vllm_server_base_url", f"http://{SERVER_BIND_HOST}:{port}"]
-        else:
-            flag = ["--vllm_server_host", SERVER_BIND_HOST]
-        extra_args = [*extra_args, *flag]
-        note += f"; the trainer gets {shlex.join(flag)} instead of {serving.host}"
-    return SERVER_BIND_HOST, extra_args, note
-
-
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host

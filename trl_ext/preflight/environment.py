@@ -146,7 +146,7 @@ def check_packages(needs: Mapping[str, str]) -> list[Problem]:
         needs: import name -> "field: why it is needed" (the field is the problem's field).
     """
     problems = []
-    extras = {"vllm": "pip install -e '.[vllm]'", "deepspeed": "pip install -e '.[deepspeed]'"}
+    extras = {extra: f"pip install -e '.[{extra}]'" for extra in ("vllm", "deepspeed", "bitsandbytes")}
     for module, reason in needs.items():
         if importlib.util.find_spec(module) is None:
             field, _, why = reason.partition(":")

@@ -14,10 +14,21 @@ for the CUDA context and allocator slack (`RUNTIME_OVERHEAD_GIB`):
 Bytes per parameter (P parameters, W processes; ZeRO after https://arxiv.org/abs/1910.02054, K = optimizer bytes):
 
     precision                     weights  gradients  optimizer (AdamW)
-    fp32_master (fp32 + autocast)   4 P      4 P        8 P  (8-bit AdamW: 2 P)
-    pure_bf16 (bf16 everything)     2 P      2 P        4 P  (8-bit AdamW: 2 P)
+    fp32_master (fp32 + autocast)   4 P      4 P        8 P  (8-bit AdamW: 2 P + 6 E)
+    pure_bf16 (bf16 everything)     2 P      2 P        4 P  (8-bit AdamW: 2 P + 6 E)
     DeepSpeed ZeRO-2 (bf16)         2 P      2 P / W    (4 + K) P / W   (fp32 master copy + states, sharded)
     DeepSpeed ZeRO-3 (bf16)         2 P / W  2 P / W    (4 + K) P / W   + two gathered layers and the embedding
+
+8-bit AdamW from bitsandbytes keeps 32-bit states for the token embedding (E = V x H parameters, the tied LM head
+with it): the HF Trainer registers `optim_bits: 32` for every `nn.Embedding` when it builds a bitsandbytes 8-bit
+optimizer (transformers 5.17, `trainer.py` `create_optimizer`: `manager.register_module_override(module, "weight",
+{"optim_bits": 32})`), so E costs 8 bytes instead of 2: +1.3 GiB for Qwen2.5-1.5B, +1.7 GiB for Qwen3-1.7B.
+torchao's `adamw_torch_8bit` has no such override. Not counted: bitsandbytes' per-block absmax (4 bytes per 256
+values, 1.6% of the 8-bit states) and the 32-bit states it keeps for tensors under 4096 values (norms, biases).
+
+A colocated vLLM that sleeps (`vllm_enable_sleep_mode`, level 2 in TRL 1.16) frees its weights and KV cache but
+keeps what lives outside its sleep pools, chiefly the CUDA graphs it captured: `SLEEPING_VLLM_GIB` stays on the
+GPU while the trainer steps (an allowance, not a measurement; vLLM logs its "CUDA graph pool memory" at start).
 
 LoRA (`use_peft`) keeps the base weights frozen in their dtype; only the adapters, `r x (in + out)` per targeted
 linear layer, have fp32 weights, gradients and states.
@@ -50,6 +61,10 @@ PRECISIONS = ("fp32_master", "pure_bf16")
 GENERATORS = ("server", "colocate", "transformers")
 # Optimizer name (HF `optim`) -> (bytes of state per trainable parameter given the weight bytes, foreach temporary).
 _EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit", "lion_8bit", "paged_lion_8bit")
+# The 8-bit optimizers HF builds from bitsandbytes, whose nn.Embedding weights get 32-bit states (module docstring).
+_BNB_EIGHT_BIT = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "paged_lion_8bit")
+# What a sleeping colocated vLLM keeps on the GPU (CUDA graph pool and buffers outside its sleep pools), GiB.
+SLEEPING_VLLM_GIB = 1.0
 
 
 def optimizer_state_bytes(optim: str, weight_bytes: int) -> tuple[float, float]:
@@ -61,13 +76,26 @@ def optimizer_state_bytes(optim: str, weight_bytes: int) -> tuple[float, float]:
     """
     name = optim.lower()
     if name in _EIGHT_BIT:
-        return 2.0, 0.0
+        return (1.0 if "lion" in name else 2.0), 0.0
     if name.startswith("sgd"):
         return 0.0, 0.0
     if name in ("adafactor",):
         return 0.1 * weight_bytes, 0.0  # factored second moment: rows + columns, a small fraction of P
     fused = "fused" in name
     return 2.0 * weight_bytes, 0.0 if fused else float(weight_bytes)
+
+
+def optimizer_states_bytes(shape: ModelShape, optim: str, weight_bytes: int, lora_rank: int | None = None) -> float:
+    """Bytes of the optimizer states of every trainable parameter: `optimizer_state_bytes` per parameter, except a
+    bitsandbytes 8-bit optimizer's 32-bit states for the embedding (module docstring). LoRA leaves the embedding
+    frozen: no state for it."""
+    if lora_rank is not None:
+        return shape.lora_params(lora_rank) * optimizer_state_bytes(optim, weight_bytes)[0]
+    per_param = optimizer_state_bytes(optim, weight_bytes)[0]
+    if optim.lower() not in _BNB_EIGHT_BIT:
+        return shape.params * per_param
+    full = per_param * 4  # 32-bit: one or two fp32 states where the 8-bit optimizer keeps one byte each
+    return (shape.params - shape.embedding_params) * per_param + shape.embedding_params * full
 
 
 @dataclass(frozen=True)
@@ -187,16 +215,16 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
     lora = setup.lora_rank is not None
     trainable = shape.lora_params(setup.lora_rank) if lora else p
     train_bytes = 4 if lora else weight_bytes  # peft keeps adapters in fp32 (autocast_adapter_dtype)
-    state, foreach = optimizer_state_bytes(setup.optim, train_bytes)
+    foreach = optimizer_state_bytes(setup.optim, train_bytes)[1]
 
     weights = float(p * weight_bytes) + (trainable * 4 if lora else 0)
     grads = float(trainable * train_bytes)
-    optimizer = float(trainable * state)
+    optimizer = optimizer_states_bytes(shape, setup.optim, train_bytes, setup.lora_rank)
     temp = float(trainable * foreach)
     buckets = 0.0
     if zero >= 1:
         # DeepSpeed: bf16 weights, fp32 master copy + states sharded over W; ZeRO-2/3 shard the gradients too.
-        optimizer = trainable * (4 + state) / w
+        optimizer = (trainable * 4 + optimizer) / w
         temp = 0.0
         if zero >= 2:
             grads = trainable * 2 / w
@@ -224,6 +252,7 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
         else:
             vllm_share = setup.vllm_gpu_memory_utilization * setup.gpu_memory_gib * GIB
     awake_while_training = vllm_share if not setup.vllm_sleep else 0.0
+    asleep = SLEEPING_VLLM_GIB * GIB if setup.generator == "colocate" and setup.vllm_sleep else 0.0
 
     resident = {"weights": weights, "optimizer states": optimizer}
     if buckets:
@@ -239,6 +268,8 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
     step = {**resident, "gradients": grads, "optimizer step temporaries": temp}
     if awake_while_training:
         step["colocated vLLM"] = awake_while_training
+    if asleep:
+        train["sleeping vLLM"] = step["sleeping vLLM"] = asleep
     generator = _generator_bytes(shape, setup, setup.generation_batch, vllm_share)
     generation = {**resident, **generator}
     phases = {"train": train, "optimizer step": step, "generation": generation}

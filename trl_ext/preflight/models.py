@@ -65,6 +65,8 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
 }
 # Seed 001's GRPO model: the instruct tuning of Qwen2.5-Math-1.5B, the same architecture.
 KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B-Instruct"] = KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B"]
+# Config fields that name the routed experts of a mixture-of-experts model (Qwen-MoE, Mixtral, DeepSeek).
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
@@ -79,6 +81,7 @@ class ModelShape:
         tied_embeddings: the LM head shares the embedding matrix.
         qkv_bias: q / k / v projections have biases (Qwen2).
         qk_norm: per-head RMSNorm on q and k (Qwen3).
+        experts: routed experts of a mixture-of-experts model (0: dense; the parameter count assumes dense).
     """
 
     name: str
@@ -92,6 +95,7 @@ class ModelShape:
     tied_embeddings: bool = True
     qkv_bias: bool = False
     qk_norm: bool = False
+    experts: int = 0
 
     @classmethod
     def from_config(cls, config: dict[str, Any], name: str = "model") -> ModelShape:
@@ -119,6 +123,7 @@ class ModelShape:
             # Qwen2's attention always has q/k/v biases; Llama-style configs say so in `attention_bias`.
             qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
             qk_norm=model_type.startswith("qwen3"),
+            experts=int(next((config[k] for k in _EXPERT_FIELDS if config.get(k)), 0)),
         )
 
     @property

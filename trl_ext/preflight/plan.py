@@ -1,11 +1,12 @@
 """The preflight of one GRPO run: every check before anything starts, and the plan it prints.
 
-`check_recipe` takes a parsed recipe (the same `trl_ext.recipes.parse_recipe_args` the entry points use) and where
-it will run (`RunContext`: processes, GPUs, memory limit), and returns a `Preflight`: the batch layout for the
-actual world size, the peak-memory estimate against the limit, the ports, the output_dir decision, wandb's mode,
-the model and data sources and the packages the settings need. `Preflight.render()` is the plan the recipe entry
-points and `trl-ext launch` (dry-run too) print; `raise_if_failed()` raises one `PreflightError` listing every
-problem with its fix.
+`check_recipe` takes a parsed plan (the recipe as `trl_ext.recipes.parse_recipe_args` parsed it, the fields it
+states) and where it will run (`RunContext`: processes, GPUs, memory limit), and returns a `Preflight`: the batch
+layout for the actual world size, the peak-memory estimate against the limit, the checkpoint sizes, the NCCL group
+port, the output_dir decision, wandb's mode, the model and data sources and the packages the settings need. It
+parses nothing and starts nothing: `trl_ext.recipes.entry` parses and calls it, the entry points and the launcher
+start. `Preflight.render()` is the plan the recipe entry points and `trl-ext launch` (dry-run too) print;
+`raise_if_failed()` raises one `PreflightError` listing every problem with its fix.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.preflight.batch import BatchLayout, check_batches, suggest_batch_fixes
+from trl_ext.preflight.context import RunContext
+from trl_ext.preflight.disk import DiskPlan, plan_disk, saves_during_run
 from trl_ext.preflight.environment import (
-    PortChoice,
     WandbStatus,
     check_data_source,
     check_model_source,
     check_packages,
     choose_port,
-    port_is_free,
     resolve_wandb,
     world_size_from_env,
 )
@@ -43,67 +44,6 @@ TRL_GROUP_PORT = 51216
 TRL_SERVER_PORT = 8000
 
 
-def cli_overrides(argv: Sequence[str]) -> dict[str, str]:
-    """`--key value`, `--key=value` and bare `--flag` (= "true") of a recipe command line, `--config` aside."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token.startswith("--"):
-            key, has_value, value = token[2:].partition("=")
-            key = key.replace("-", "_")
-            if not has_value:
-                if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                    value = argv[i + 1]
-                    i += 1
-                else:
-                    value = "true"
-            if key != "config":
-                out[key] = value
-        i += 1
-    return out
-
-
-def stated_values(config: str | Path | None, argv: Sequence[str] = ()) -> dict[str, Any]:
-    """The fields a recipe states: its YAML chain (`base:` resolved, `env` dropped) updated by the flags."""
-    from trl_ext.recipes import load_recipe_yaml
-
-    values = dict(load_recipe_yaml(config)) if config is not None else {}
-    values.pop("env", None)
-    values.update(cli_overrides(argv))
-    return values
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """Where a recipe runs.
-
-    Attributes:
-        world_size: training processes.
-        distributed_type: accelerate's `distributed_type` (`NO`, `MULTI_GPU`, `DEEPSPEED`, ...).
-        zero_stage: DeepSpeed ZeRO stage (0 without DeepSpeed).
-        train_devices: GPU ids training uses on this machine (empty: CPU).
-        server_devices: GPU ids of the vLLM server started by `trl-ext launch`, with its tensor-parallel size.
-        gpu_memory_gib: memory of one training GPU, when known (nvidia-smi or torch).
-        memory_limit_gib: refuse a plan whose estimate exceeds this (`--gpu-memory-gb`, default `gpu_memory_gib`).
-        pick_ports: the launcher picks free ports for fields the recipe leaves unset (else they are only checked).
-        check_packages: check that the extras the settings need are installed (off for planning elsewhere).
-        label: the accelerate config or entry point, for messages.
-    """
-
-    world_size: int = 1
-    distributed_type: str = "NO"
-    zero_stage: int = 0
-    train_devices: tuple[str, ...] = ()
-    server_devices: tuple[str, ...] = ()
-    server_tp: int = 1
-    gpu_memory_gib: float | None = None
-    memory_limit_gib: float | None = None
-    pick_ports: bool = False
-    check_packages: bool = True
-    label: str = ""
-
-
 @dataclass
 class Preflight:
     """The outcome of `check_recipe`: what will run, and every problem found."""
@@ -112,8 +52,8 @@ class Preflight:
     context: RunContext
     layout: BatchLayout | None = None
     estimate: MemoryEstimate | None = None
+    disk: DiskPlan | None = None
     shape: ModelShape | None = None
-    ports: list[PortChoice] = field(default_factory=list)
     output: OutputDirPlan | None = None
     wandb: WandbStatus | None = None
     record: dict | None = None
@@ -123,10 +63,6 @@ class Preflight:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def trainer_flags(self) -> list[str]:
-        """Recipe flags for the ports the launcher picked (`--vllm_group_port 51217`, ...)."""
-        return [token for port in self.ports if port.picked for token in port.flag().split()]
 
     def render(self) -> str:
         head = f"preflight: {self.recipe}" + (f" on {self.context.label}" if self.context.label else "")
@@ -206,12 +142,21 @@ def check_recipe(
     argv: Sequence[str],
     parsed: tuple,
     context: RunContext,
-    stated: Mapping[str, Any] | None = None,
+    stated: Mapping[str, Any],
     environ: dict[str, str] | None = None,
 ) -> Preflight:
-    """Every preflight check of a parsed GRPO recipe on `context` (module docstring)."""
+    """Every preflight check of a parsed GRPO recipe on `context` (module docstring).
+
+    Args:
+        task: the recipe's task (`countdown`, `gsm8k`, `math`, `kissing`).
+        recipe: the recipe YAML (for messages and the run record), or None.
+        argv: the recipe's command line (for the run record).
+        parsed: `(script_args, training_args, model_args)` as the recipe parser returned them.
+        context: where it runs.
+        stated: the fields the recipe states (YAML chain and flags; `trl_ext.recipes.stated_values`).
+        environ: the environment wandb's mode is read from and written to (default `os.environ`).
+    """
     script_args, args, model_args = parsed
-    stated = stated_values(recipe, argv) if stated is None else stated
     report = Preflight(recipe=str(recipe or "(no --config)"), context=context)
     problems = report.problems
     _placement(report, args)
@@ -232,9 +177,12 @@ def check_recipe(
                     "launch with the accelerate config's num_processes",
                 )
             )
+        _sleep(report, args, layout)
         _memory(report, task, script_args, args, model_args, layout)
+        if report.estimate is not None:
+            _disk(report, task, script_args, args, model_args, layout)
     _semantics(report, script_args, args, model_args)
-    _ports(report, args, stated)
+    _group_port(report, args)
     _output(report, recipe, argv, stated, script_args, args, model_args)
     report.wandb = resolve_wandb(args.report_to, environ)
     wandb_line = report.wandb.mode + (" (switched: no login)" if report.wandb.switched_offline else "")
@@ -295,18 +243,46 @@ def _memory(report: Preflight, task: str, script_args, args, model_args, layout:
     if limit is None:
         report.lines.append(f"         no GPU memory limit known {where}: pass --gpu-memory-gb to check against one")
         return
-    report.lines.append(f"         limit {limit:g} GiB {where}")
+    source = f" ({context.limit_source})" if context.limit_source else ""
+    report.lines.append(f"         limit {_gib(limit)} GiB {where}{source}")
     if estimate.peak_gib > limit:
         knobs = knobs_to_fit(shape, setup, limit)
         fix = "; or ".join(k.render() for k in knobs) if knobs else "more GPUs with zero3.yaml, or a smaller model"
         report.problems.append(
             Problem(
                 "gpu memory",
-                f"estimated peak {estimate.peak_gib:.1f} GiB {where} exceeds the {limit:g} GiB limit "
-                f"(--gpu-memory-gb; {estimate.peak_phase} phase)",
+                f"estimated peak {estimate.peak_gib:.1f} GiB {where} exceeds the {_gib(limit)} GiB limit "
+                f"({context.limit_source or '--gpu-memory-gb'}; {estimate.peak_phase} phase)",
                 fix,
             )
         )
+
+
+def _sleep(report: Preflight, args, layout: BatchLayout) -> None:
+    """A colocated vLLM that sleeps re-pushes every weight at each generation call (TRL 1.16 sleeps at level 2,
+    which discards them), and each validation batch is one call: say how many a validation makes."""
+    if not (args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode):
+        return
+    calls = f"{layout.eval_requests} per validation" if layout.eval_requests else "one per validation batch"
+    report.lines.append(
+        f"sleep:   vLLM sleeps at level 2: every generation call re-pushes all weights ({calls}, "
+        f"{layout.per_device_eval_batch_size} prompts each; one per rollout batch)"
+    )
+
+
+def _gib(value: float) -> str:
+    """24 -> "24", 79.63 -> "79.6"."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _disk(report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout) -> None:
+    setup = training_setup(task, script_args, args, model_args, layout, report.context)
+    saves = saves_during_run(layout.max_steps, str(_value(args.save_strategy)), float(args.save_steps))
+    weight_bytes = 4 if setup.precision == "fp32_master" else 2
+    report.disk = plan_disk(
+        report.shape, weight_bytes, setup.optim, saves, args.save_total_limit, setup.zero_stage, setup.lora_rank
+    )
+    report.lines.append(report.disk.render())
 
 
 def _semantics(report: Preflight, script_args, args, model_args) -> None:
@@ -327,36 +303,17 @@ def _semantics(report: Preflight, script_args, args, model_args) -> None:
         )
 
 
-def _ports(report: Preflight, args, stated: Mapping[str, Any]) -> None:
+def _group_port(report: Preflight, args) -> None:
+    """TRL's weight-sync group binds `vllm_group_port` on training rank 0 (server mode): it must be free. The
+    launcher picks free ports before this check; the server's own port is the launcher's to check."""
     if not (args.use_vllm and args.vllm_mode == "server"):
         return
-    context = report.context
-    if context.pick_ports:
-        # TRL's weight-sync group binds vllm_group_port on the training rank 0; the server listens on its port.
-        server, problems = choose_port("vllm_server_port", _stated_port(stated, "vllm_server_port"), TRL_SERVER_PORT)
-        report.problems.extend(problems)
-        avoid = {server.port} if server else set()
-        group, problems = choose_port(
-            "vllm_group_port", _stated_port(stated, "vllm_group_port"), TRL_GROUP_PORT, avoid=avoid
-        )
-        report.problems.extend(problems)
-        report.ports = [p for p in (server, group) if p is not None]
-        shown = ", ".join(f"{p.field} {p.port}" + (" (picked, free)" if p.picked else " (free)") for p in report.ports)
-        report.lines.append(f"ports:   {shown}")
-        return
-    if not port_is_free(int(args.vllm_group_port)):
-        report.problems.append(
-            Problem(
-                "vllm_group_port",
-                f"port {args.vllm_group_port} (TRL's NCCL weight-sync group) is in use: another run on this node?",
-                "--vllm_group_port N with a free N, or start runs with `trl-ext launch`, which picks free ports",
-            )
-        )
-    report.lines.append(f"ports:   vllm_server_port {args.vllm_server_port}, vllm_group_port {args.vllm_group_port}")
-
-
-def _stated_port(stated: Mapping[str, Any], name: str) -> int | None:
-    return None if stated.get(name) is None else int(stated[name])
+    free, problems = choose_port("vllm_group_port", int(args.vllm_group_port), TRL_GROUP_PORT)
+    report.problems += problems
+    state = "free" if free is not None else "in use"
+    report.lines.append(
+        f"ports:   vllm_server_port {args.vllm_server_port}, vllm_group_port {args.vllm_group_port} ({state})"
+    )
 
 
 def _output(report: Preflight, recipe, argv, stated, script_args, args, model_args) -> None:

@@ -178,3 +178,10 @@ def plan_output_dir(
         return OutputDirPlan("resume", note=f"no checkpoint in {folder} yet: training starts at step 0 there"), []
     note = "" if old is not None else f"{folder} has no run record: its config cannot be compared"
     return OutputDirPlan("resume", checkpoint=checkpoint, note=note), []
+
+
+def write_run_record(trainer, output_dir: str | Path, record: Mapping | None) -> None:
+    """Write the run record once every process has passed its checks (the trainer exists: the process group has
+    met), from the main process."""
+    if record is not None and trainer.accelerator.is_main_process:
+        write_record(output_dir, record)

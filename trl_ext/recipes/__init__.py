@@ -10,8 +10,10 @@ The entry points follow open-r1's `src/open_r1/grpo.py`, one helper per step: `p
 (`AblationGRPOTrainer`; TRL loads the model from `model_name_or_path`) -> `train_save_evaluate` (train, save,
 final evaluation on the validation split). Data and names are checked before any model loads.
 
-Modules: `yaml_chain` (`base:` chains), `arguments` (script-argument dataclasses, task defaults), `parsing` (the
-parser and the values derived after parsing), `data` (datasets), `training` (trainers, train / save / evaluate).
+Modules: `yaml_chain` (`base:` chains), `stated` (the fields a recipe states), `arguments` (script-argument
+dataclasses, task defaults), `parsing` (the parser and the values derived after parsing), `entry` (parse -> check
+with `trl_ext.preflight`, shared by the entry points and `trl-ext launch`), `data` (datasets), `training` (trainers,
+train / save / evaluate).
 Top-level imports are stdlib only; torch / TRL / datasets load inside the functions that need them.
 """
 
@@ -23,6 +25,7 @@ from trl_ext.recipes.arguments import (
     apply_task_defaults,
 )
 from trl_ext.recipes.data import load_grpo_datasets, load_sft_dataset, load_sft_datasets
+from trl_ext.recipes.entry import ParsedRecipe, entry_preflight, parse_recipe, preflight_recipe
 from trl_ext.recipes.parsing import (
     VLLM_ONLY_GENERATION_KWARGS,
     adapt_generation_kwargs,
@@ -31,6 +34,7 @@ from trl_ext.recipes.parsing import (
     parse_recipe_args,
     resolve_max_steps,
 )
+from trl_ext.recipes.stated import cli_overrides, stated_values
 from trl_ext.recipes.training import (
     add_rollout_logging,
     build_grpo_trainer,
@@ -45,6 +49,7 @@ from trl_ext.recipes.yaml_chain import BASE_KEY, RecipeError, load_recipe_yaml, 
 __all__ = [
     "BASE_KEY",
     "GRPOScriptArguments",
+    "ParsedRecipe",
     "RecipeError",
     "SFTScriptArguments",
     "SFT_DEFAULT_DATASET",
@@ -55,6 +60,8 @@ __all__ = [
     "apply_task_defaults",
     "build_grpo_trainer",
     "build_sft_trainer",
+    "cli_overrides",
+    "entry_preflight",
     "load_grpo_datasets",
     "load_recipe_yaml",
     "load_recipe_yaml_with_sources",
@@ -63,9 +70,12 @@ __all__ = [
     "make_parser",
     "model_init_kwargs",
     "optimizer_steps_per_rollout",
+    "parse_recipe",
     "parse_recipe_args",
+    "preflight_recipe",
     "resolve_max_steps",
     "run_grpo_recipe",
     "run_sft_recipe",
+    "stated_values",
     "train_save_evaluate",
 ]

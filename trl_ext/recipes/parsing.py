@@ -23,7 +23,10 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
+from trl_ext.preflight.batch import derive_gradient_accumulation
+from trl_ext.preflight.environment import world_size_from_env
 from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
+from trl_ext.recipes.stated import cli_overrides
 from trl_ext.recipes.yaml_chain import RecipeError, load_recipe_yaml_with_sources
 
 logger = logging.getLogger(__name__)
@@ -173,10 +176,6 @@ def accept_null(parser) -> list[str]:
 
 def _derive_gradient_accumulation(config: dict, args: Sequence[str]) -> None:
     """Set the YAML's GA for this world size when the recipe gives the micro-batch instead (module docstring)."""
-    from trl_ext.preflight.batch import derive_gradient_accumulation
-    from trl_ext.preflight.environment import world_size_from_env
-    from trl_ext.preflight.plan import cli_overrides
-
     ga = derive_gradient_accumulation({**config, **cli_overrides(args)}, world_size_from_env())
     if ga is not None:
         config["gradient_accumulation_steps"] = ga

@@ -7,7 +7,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from trl_ext.preflight.rundir import write_run_record
 from trl_ext.recipes.data import load_grpo_datasets
+from trl_ext.recipes.entry import entry_preflight, sft_entry_preflight
 from trl_ext.recipes.parsing import adapt_generation_kwargs, parse_recipe_args
 from trl_ext.recipes.yaml_chain import RecipeError
 
@@ -115,7 +117,6 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
     """A GRPO recipe end to end: parse and preflight (`trl_ext.preflight`: batches for this world size, memory,
     ports, output_dir, wandb, sources; the plan is printed) -> task data -> rewards -> AblationGRPOTrainer -> train,
     save, validate."""
-    from trl_ext.preflight.entry import entry_preflight, write_run_record
     from trl_ext.rewards import get_reward_funcs
 
     (script_args, training_args, model_args), report = entry_preflight(task, argv)
@@ -133,7 +134,6 @@ def run_sft_recipe(argv: Sequence[str] | None = None) -> dict[str, float]:
     """The SFT recipe end to end: parse -> output_dir / resume and wandb checks -> traces -> SFTTrainer -> train."""
     import sys
 
-    from trl_ext.preflight.entry import sft_entry_preflight, write_run_record
     from trl_ext.recipes.data import load_sft_datasets
 
     argv = list(sys.argv[1:] if argv is None else argv)

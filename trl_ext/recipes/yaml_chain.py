@@ -49,7 +49,9 @@ def _resolve_recipe(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any]
             raise RecipeError(f"{chain[-1]}: `base:` file not found: {path}")
         raise RecipeError(f"recipe file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        # libyaml's safe loader when PyYAML was built with it: the same YAML, about 10x faster to parse (a launch
+        # plan reads each recipe chain three times, the planning table hundreds of times).
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise RecipeError(f"{path}: invalid YAML: {err}") from err
     data = {} if data is None else data

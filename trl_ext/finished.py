@@ -1,0 +1,121 @@
+"""A completion that ended at a stop string is finished, not truncated.
+
+TRL 1.16 calls a completion truncated when its last token is neither an EOS nor the pad token (`GRPOTrainer._generate`
+logs `completions/clipped_ratio` and the `*_terminated_length` metrics by that rule; `_generate_and_score_completions`
+applies it for `mask_truncated_completions`). A vLLM `stop` string ends a completion without an EOS: with
+`stop: ["</answer>"]` (every Countdown and r1_zero recipe) every completion that answered counts as clipped, and
+`mask_truncated_completions: true` (DAPO's overlong filtering) drops exactly the answered completions from the loss.
+
+Here a completion is finished when its last token is an EOS or the pad token, or when a stop string first appears
+with its last token (vLLM stops as soon as the text holds a stop string, `vllm/v1/engine/detokenizer.py`
+`check_stop_strings`; the token ids keep the stop string's tokens whether or not `include_stop_str_in_output`
+keeps its text). Only a completion cut at `max_completion_length` (or the model's context) is truncated.
+
+`FinishedCompletionsMixin` (between a trainer and `trl.GRPOTrainer`) overrides two methods, calling TRL's:
+
+- `_generate`: recomputes the four metrics TRL just logged from its rule (clipped ratio, mean / min / max terminated
+  length) over every process's completions;
+- `_generate_and_score_completions`: with `mask_truncated_completions`, runs TRL's with its masking off and zeroes
+  the loss mask (`completion_mask`, `tool_mask`) of the truncated completions only, and recounts
+  `num_items_in_batch` as TRL counts it. TRL's old / reference log-probs of the masked rows then come from an
+  unmasked attention (TRL's from a masked one); they multiply a zero mask either way.
+
+Without stop strings in `generation_kwargs` (`stop` for vLLM, `stop_strings` for transformers) both defer to TRL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from trl_ext.sampling import loss_mask
+
+
+def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:
+    """The stop strings of TRL's `generation_kwargs`: vLLM's `stop`, else transformers' `stop_strings`."""
+    kwargs = generation_kwargs or {}
+    stops = kwargs.get("stop") or kwargs.get("stop_strings") or ()
+    return (stops,) if isinstance(stops, str) else tuple(s for s in stops if s)
+
+
+def finished_completions(
+    completion_ids: Sequence[Sequence[int]],
+    eos_and_pad: Iterable[int],
+    decode: Callable[[list[list[int]]], list[str]],
+    stops: Sequence[str],
+) -> list[bool]:
+    """Per completion: ended with an EOS / pad token, or at a stop string (module docstring).
+
+    Args:
+        completion_ids: token ids of each completion, as generated.
+        eos_and_pad: the EOS ids and the pad id (TRL's `eos_and_pad`).
+        decode: batch decode of token-id lists (`tokenizer.batch_decode(..., skip_special_tokens=True)`).
+        stops: the stop strings.
+
+    A stop string of m characters spans at most m tokens, so only the last m + 2 tokens are decoded: with and
+    without the last token, the stop string must appear in the first text and not in the second.
+    """
+    ends = set(eos_and_pad)
+    finished = [bool(ids) and ids[-1] in ends for ids in completion_ids]
+    if not stops:
+        return finished
+    window = max(len(s) for s in stops) + 2
+    open_rows = [i for i, done in enumerate(finished) if not done and completion_ids[i]]
+    if not open_rows:
+        return finished
+    tails = [list(completion_ids[i][-window:]) for i in open_rows]
+    with_last, without_last = decode(tails), decode([tail[:-1] for tail in tails])
+    for i, full, before in zip(open_rows, with_last, without_last, strict=True):
+        finished[i] = any(s in full and s not in before for s in stops)
+    return finished
+
+
+class FinishedCompletionsMixin:
+    """`GRPOTrainer` mixin: a completion that ended at a stop string is finished, not truncated (module docstring).
+
+    Put it just above `trl.GRPOTrainer` in the bases, so that every generation batch TRL builds (dynamic sampling
+    builds several per step) is masked before anything reads its masks.
+    """
+
+    _finished: torch.Tensor | None = None
+
+    def _generate(self, prompts):
+        output = super()._generate(prompts)
+        stops = stop_strings(self.args.generation_kwargs)
+        self._finished = None
+        if not stops:
+            return output
+        completion_ids, tool_mask = output[1], output[2]
+        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        decode = lambda ids: self._tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+        device = self.accelerator.device
+        self._finished = torch.tensor(finished_completions(completion_ids, eos_and_pad, decode, stops), device=device)
+        # TRL logged these from its own rule just now; replace them, over every process's completions as TRL's.
+        lengths = [sum(mask) for mask in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
+        all_lengths = self.accelerator.gather(torch.tensor(lengths, device=device))
+        all_finished = self.accelerator.gather(self._finished)
+        finished_lengths = all_lengths[all_finished].float()
+        if finished_lengths.numel() == 0:
+            finished_lengths = torch.zeros(1, device=device)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["completions/clipped_ratio"][-1] = (~all_finished).float().mean().item()
+        metrics["completions/mean_terminated_length"][-1] = finished_lengths.mean().item()
+        metrics["completions/min_terminated_length"][-1] = finished_lengths.min().item()
+        metrics["completions/max_terminated_length"][-1] = finished_lengths.max().item()
+        return output
+
+    def _generate_and_score_completions(self, inputs):
+        if not (self.mask_truncated_completions and stop_strings(self.args.generation_kwargs)):
+            return super()._generate_and_score_completions(inputs)
+        self.mask_truncated_completions = False  # TRL's rule would also mask the completions that stopped
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self.mask_truncated_completions = True
+        keep = self._finished.to(output["completion_mask"].dtype).unsqueeze(1)  # (B, 1)
+        output["completion_mask"] = output["completion_mask"] * keep
+        if output.get("tool_mask") is not None:
+            output["tool_mask"] = output["tool_mask"] * keep
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask(output).sum()).sum()
+        return output
