@@ -144,6 +144,17 @@ class SFTScriptArguments:
     )
 
 
+@dataclass
+class EIScriptArguments(GRPOScriptArguments):
+    """The expert-iteration recipe's fields (`trl_ext.recipes.expert_iteration`): a GRPO recipe's plus the task,
+    which an EI recipe names itself (one entry point serves every task). `n_grpo_steps` and `resume` do not apply
+    (EI counts `n_ei_steps` and cannot resume: setting them is an error); `rollout_log_steps` counts SFT steps."""
+
+    task: str | None = field(
+        default=None, metadata={"help": f"The task whose problems and rewards to use: one of {sorted(TASK_DEFAULTS)}."}
+    )
+
+
 def apply_task_defaults(task: str, script_args: GRPOScriptArguments) -> GRPOScriptArguments:
     """Fill the `None` fields of `script_args` with `TASK_DEFAULTS[task]` (in place; returned for chaining)."""
     if task not in TASK_DEFAULTS:
