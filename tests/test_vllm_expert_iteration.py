@@ -78,8 +78,9 @@ def test_sft_loss_and_entropy_equal_a_plain_forward(ei):
 
 def test_validation_logs_entropy_and_reward_as_grpo_does(ei):
     """Validation at the start (step 0) and after each EI step (steps 1, 2) in trainer_state.json (the recipe's final
-    validation comes after the state is saved, as for GRPO): the logged `eval_entropy` equals a plain forward's mean token entropy over the validation completions, `eval_reward` and
-    `eval_rewards/digit_any/answer_reward` the toy reward of the completions. Catches an EI that validates with other
+    validation comes after the state is saved, as for GRPO): the logged `eval_entropy` equals a plain forward's mean
+    token entropy over the validation completions, `eval_reward` and `eval_rewards/digit_any/answer_reward` the toy
+    reward of the completions. Catches an EI that validates with other
     weights than it trained, or logs other names than GRPO's (the plot panels read these keys)."""
     evals = [e for e in ei["log_history"] if "eval_entropy" in e]
     assert [(e["step"], e["ei_step"]) for e in evals] == [(0, 0), (1, 1), (2, 2)]

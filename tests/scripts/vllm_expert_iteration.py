@@ -7,9 +7,10 @@ questions x 4 completions, 8 new tokens, validation on 4 questions at the start 
 `trl_ext.recipes.run_expert_iteration_recipe` on it with a recording subclass of `ExpertIterationTrainer`, and writes
 OUT_DIR/result.json: per rollout batch (train and eval) each row's prompt and completion token ids, completion text,
 the kept flag, the reward, the engine's log-probs of the sampled tokens and a plain forward's with the weights that
-sampled them and with the initial weights; per SFT step the kept rows it trained on, the loss it logged, and the token-mean NLL and entropy of
-those rows from a plain per-row forward before the step (and the NLL after it); per validation, a plain forward's
-mean token entropy over its completions with the weights it validated. The forwards here use no TRL or trl_ext code.
+sampled them and with the initial weights; per SFT step the kept rows it trained on, the loss it logged, and the
+token-mean NLL and entropy of those rows from a plain per-row forward before the step (and the NLL after it); per
+validation, a plain forward's mean token entropy over its completions with the weights it validated. The forwards
+here use no TRL or trl_ext code.
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ from trl_ext.expert_iteration.sft import QuestionSampler, kept_mask, sft_batches
 from trl_ext.sampling import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
 from trl_ext.vllm_sync import install_colocate_weight_sync
 
-
 # The per-completion entries the SFT forward reads (TRL's batch layout).
 SFT_ENTRIES = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")
 
