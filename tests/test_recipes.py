@@ -29,7 +29,10 @@ from trl_ext.recipes import (
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-ALL_YAMLS = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml"))
+# Expert-iteration recipes parse with their own parser: tests/test_expert_iteration.py checks them.
+ALL_YAMLS = sorted(
+    p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml") if "expert_iteration" not in p.as_posix()
+)
 CPU = ["--use_cpu", "true"]
 
 
