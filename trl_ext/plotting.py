@@ -2,8 +2,23 @@
 
 `trl-ext plot RUN_DIR...` reads each run's `trainer_state.json` (the run folder's own, or that of its latest
 `checkpoint-N`, whichever has more steps), takes the logged metrics by the table `PANELS` (the first key a run
-has, so TRL's `GRPOTrainer` and `AblationGRPOTrainer` runs plot side by side) and draws one PNG: one panel per
-metric, one line per run, against the optimizer step and against wall-clock time, plus a CSV of every number drawn.
+has, so TRL's `GRPOTrainer`, `AblationGRPOTrainer`, expert-iteration and SFT runs plot side by side) and draws one
+PNG: one panel per metric, one line per run, against each x-axis asked for (`X_AXES`; default the optimizer step and
+wall-clock time), plus a CSV of every number drawn.
+
+The x-axes:
+
+- `step`: the optimizer step HF logs.
+- `grpo_step`: the GRPO step (rollout batch) the entry belongs to, `ceil(step / k)` with `k = num_iterations x
+  steps_per_generation / gradient_accumulation_steps` optimizer steps per rollout, read from the run's
+  `trl_ext_run.json` (the recipes write it); an expert-iteration run's EI step (its entries carry `ei_step`). Runs
+  with neither (SFT) are left off this axis. The off-policy grid points take 1 to 16 optimizer steps per GRPO step;
+  on this axis they line up.
+- `validation_step`: the how-many-th validation the entry belongs to: the distinct steps (and EI steps) with an
+  evaluation entry, numbered 1, 2, ... (an evaluation at step 0, `eval_on_start`, is validation step 0; a second
+  entry at the same step, such as the recipes' final evaluation, is the same validation step). Only evaluation
+  entries (keys `eval_*`) have one, so only the validation panels are drawn against it.
+- `wall_clock`: seconds, rebuilt as below.
 
 Wall-clock time is rebuilt from the log, as `log_history` has no timestamps: TRL logs `step_time` (the mean time
 of the optimizer steps since the previous log), so a train entry adds `step_time * (step - previous train step)`,
@@ -21,6 +36,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,22 +49,35 @@ PANELS: list[tuple[str, list[str]]] = [
     ("validation format reward", ["eval_rewards/*/format_reward"]),
     ("validation answer reward", ["eval_rewards/*/answer_reward"]),
     ("entropy", ["entropy"]),
+    ("validation entropy", ["eval_entropy"]),
     ("grad norm", ["grad_norm"]),
     ("clip fraction", ["clip_fraction", "clip_ratio/region_mean"]),
     ("response length (tokens)", ["completions/mean_length"]),
+    ("validation response length (tokens)", ["eval_completions/mean_length"]),
+    ("train loss", ["loss"]),
+    ("validation loss", ["eval_loss"]),
 ]
-X_AXES = ("step", "wall_clock_s")
+#: x-axis name -> (title suffix, axis label); see the module docstring.
+X_AXES: dict[str, tuple[str, str]] = {
+    "step": ("step", "step"),
+    "grpo_step": ("GRPO step", "GRPO step (EI step for EI runs)"),
+    "validation_step": ("validation step", "validation step"),
+    "wall_clock": ("wall-clock", "wall-clock (s)"),
+}
+DEFAULT_X_AXES = ("step", "wall_clock")
 ACCURACY_PANEL = "validation answer reward"
 
 
 @dataclass
 class RunLog:
-    """One training run's log: `history` is HF Trainer's `log_history` (a list of dicts with `step`)."""
+    """One training run's log: `history` is HF Trainer's `log_history` (a list of dicts with `step`); `x` holds, per
+    x-axis, the value at each history entry (None where the entry has none)."""
 
     name: str
     path: Path
     history: list[dict]
     wall_clock: list[float] = field(default_factory=list)  # seconds at each history entry
+    x: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 def find_trainer_state(run_dir: str | Path) -> Path:
@@ -87,15 +116,67 @@ def wall_clock(history: list[dict]) -> list[float]:
     return out
 
 
+def is_evaluation(entry: dict) -> bool:
+    """An evaluation entry: HF prefixes every key an evaluation logs with `eval_`."""
+    return any(key.startswith("eval_") for key in entry)
+
+
+def validation_steps(history: list[dict]) -> list[int | None]:
+    """The validation step of each entry (module docstring): evaluation entries at the k-th distinct position with an
+    evaluation get k, those at step 0 get 0; other entries None. A position is the step and, for expert iteration,
+    the EI step (an EI step that kept nothing validates at the same optimizer step as the one before it)."""
+
+    def position(entry: dict) -> tuple[int, int]:
+        return entry.get("step", 0), entry.get("ei_step") or 0
+
+    positions = sorted({position(e) for e in history if is_evaluation(e) and e.get("step", 0) > 0})
+    rank = {p: i + 1 for i, p in enumerate(positions)}
+    return [(rank.get(position(e), 0)) if is_evaluation(e) else None for e in history]
+
+
+def steps_per_rollout(run_path: Path) -> float | None:
+    """Optimizer steps per GRPO step, `num_iterations x steps_per_generation / gradient_accumulation_steps`, from the
+    run's `trl_ext_run.json`; None without a record or without those fields (an SFT run)."""
+    record = run_path / "trl_ext_run.json"
+    if not record.is_file():
+        return None
+    config = json.loads(record.read_text()).get("config", {})
+    keys = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps")
+    if any(config.get(key) is None for key in keys):
+        return None
+    return config["num_iterations"] * config["steps_per_generation"] / config["gradient_accumulation_steps"]
+
+
+def grpo_steps(history: list[dict], per_rollout: float | None) -> list[int | None]:
+    """The GRPO step of each entry: its `ei_step` (expert iteration), else `ceil(step / per_rollout)`; None when
+    neither is known."""
+    out: list[int | None] = []
+    for entry in history:
+        if entry.get("ei_step") is not None:
+            out.append(int(entry["ei_step"]))
+        elif per_rollout:
+            out.append(math.ceil(round(entry.get("step", 0) / per_rollout, 9)))
+        else:
+            out.append(None)
+    return out
+
+
 def load_run(run_dir: str | Path, name: str | None = None) -> RunLog:
-    """A run's log history and wall clock; `name` defaults to the folder's name (the recipe's run name)."""
+    """A run's log history and its x-axis values; `name` defaults to the folder's name (the recipe's run name)."""
     path = find_trainer_state(run_dir)
     state = json.loads(path.read_text())
     history = state.get("log_history")
     if not isinstance(history, list):
         raise ValueError(f"{path}: no 'log_history' list")
     run_root = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
-    return RunLog(name=name or run_root.name, path=run_root, history=history, wall_clock=wall_clock(history))
+    clock = wall_clock(history)
+    x = {
+        "step": [e.get("step", 0) for e in history],
+        "grpo_step": grpo_steps(history, steps_per_rollout(run_root)),
+        "validation_step": validation_steps(history),
+        "wall_clock": clock,
+    }
+    return RunLog(name=name or run_root.name, path=run_root, history=history, wall_clock=clock, x=x)
 
 
 def metric_key(run: RunLog, candidates: list[str]) -> str | None:
@@ -108,16 +189,16 @@ def metric_key(run: RunLog, candidates: list[str]) -> str | None:
     return None
 
 
-def series(run: RunLog, key: str) -> tuple[list[float], list[float], list[float]]:
-    """`(steps, wall_clock_s, values)` of one logged key (entries where it is a number)."""
-    steps, times, values = [], [], []
-    for entry, t in zip(run.history, run.wall_clock, strict=True):
+def series(run: RunLog, key: str) -> tuple[list[dict[str, float | None]], list[float]]:
+    """`(x values, values)` of one logged key over the entries where it is a number: each x value a dict of every
+    x-axis's value at that entry (`X_AXES` names, None where the axis has none)."""
+    xs, values = [], []
+    for i, entry in enumerate(run.history):
         value = entry.get(key)
-        if isinstance(value, int | float) and value == value:  # NaN-free
-            steps.append(entry.get("step", 0))
-            times.append(t)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == value:  # NaN-free
+            xs.append({axis: run.x[axis][i] for axis in X_AXES})
             values.append(float(value))
-    return steps, times, values
+    return xs, values
 
 
 def _unique_names(runs: list[RunLog]) -> None:
@@ -136,34 +217,48 @@ def plot_runs(
     panels: list[tuple[str, list[str]]] | None = None,
     csv_path: str | Path | None = None,
     baseline: str | Path | None = None,
+    x_axes: tuple[str, ...] | list[str] = DEFAULT_X_AXES,
 ):
-    """Draw every panel for every run against step (top row of each pair) and wall-clock time.
+    """Draw every panel for every run against each of `x_axes` (one row per x-axis under each panel).
 
     Args:
         run_dirs: training output folders (or `trainer_state.json` files).
         output: the PNG to write.
         labels: legend names, one per run (default: folder names).
         panels: `(title, candidate keys)` pairs (default `PANELS`); panels no run logged are left out.
-        csv_path: the numbers drawn, long format `run,panel,key,step,wall_clock_s,value` (default: `output`
-            with `.csv`).
+        csv_path: the numbers drawn, long format `run,panel,key,step,grpo_step,validation_step,wall_clock_s,value`
+            (default: `output` with `.csv`; an x-axis's cell is empty where the entry has none).
         baseline: a `trl-ext eval` output folder (or its `summary.json`): its accuracy at each run's budget is drawn
             as a dashed horizontal line labelled `zero-shot L<budget>` on the validation answer reward panel, and
             written to the CSV with key `zero-shot accuracy`.
+        x_axes: names of `X_AXES`, in the order of the rows.
 
     Returns:
-        The matplotlib figure. Axes are titled `"<panel> vs step"` / `"<panel> vs wall-clock"` and hold one line
-        per run that logged the panel's metric, labelled with the run's name.
+        The matplotlib figure. Axes are titled `"<panel> vs <x-axis title>"` (`vs step`, `vs GRPO step`,
+        `vs validation step`, `vs wall-clock`) and hold one line per run with points on that axis, labelled with the
+        run's name; a panel with no point on an axis is hidden there.
+
+    Raises:
+        ValueError: an unknown x-axis, or one no run has a value on (e.g. `grpo_step` for runs without a record).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    x_axes = tuple(x_axes)
+    unknown = [axis for axis in x_axes if axis not in X_AXES]
+    if unknown or not x_axes:
+        raise ValueError(f"x-axis {unknown or '(none)'}: choose from {', '.join(X_AXES)}")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels: {len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
     if labels is None:
         _unique_names(runs)
+    for axis in x_axes:
+        if not any(v is not None for run in runs for v in run.x[axis]):
+            why = " (GRPO runs need the trl_ext_run.json the recipes write)" if axis == "grpo_step" else ""
+            raise ValueError(f"x-axis {axis}: none of the runs has values on it{why}")
     panels = PANELS if panels is None else panels
     references = baseline_lines(baseline, runs) if baseline is not None else []
     keyed = [(title, [(run, metric_key(run, cands)) for run in runs]) for title, cands in panels]
@@ -171,33 +266,37 @@ def plot_runs(
     if not keyed:
         raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
 
-    ncols = 4
-    nrows = 2 * ((len(keyed) + ncols - 1) // ncols)
+    ncols, nx = 4, len(x_axes)
+    nrows = nx * ((len(keyed) + ncols - 1) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
     rows_csv = []
     for i, (title, pairs) in enumerate(keyed):
-        row, col = 2 * (i // ncols), i % ncols
-        for j, x_name in enumerate(X_AXES):
+        row, col = nx * (i // ncols), i % ncols
+        for j, axis in enumerate(x_axes):
             ax = axes[row + j][col]
-            ax.set_title(f"{title} vs {'step' if x_name == 'step' else 'wall-clock'}", fontsize=9)
-            ax.set_xlabel("step" if x_name == "step" else "wall-clock (s)", fontsize=8)
+            suffix, x_label = X_AXES[axis]
+            ax.set_title(f"{title} vs {suffix}", fontsize=9)
+            ax.set_xlabel(x_label, fontsize=8)
             for run, key in pairs:
                 if key is None:
                     continue
-                steps, times, values = series(run, key)
-                ax.plot(steps if x_name == "step" else times, values, marker=".", label=run.name)
+                xs, values = series(run, key)
                 if j == 0:
-                    rows_csv += [(run.name, title, key, s, t, v) for s, t, v in zip(steps, times, values, strict=True)]
-            if title == ACCURACY_PANEL:
+                    rows_csv += [_csv_row(run.name, title, key, x, v) for x, v in zip(xs, values, strict=True)]
+                points = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+                if points:
+                    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label=run.name)
+                    ax.set_visible(True)
+            if title == ACCURACY_PANEL and ax.get_visible():
                 for budget, accuracy in references:
                     ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
-                    if j == 0:
-                        rows_csv.append((f"zero-shot L{budget}", title, "zero-shot accuracy", "", "", accuracy))
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3)
-    for k in range(len(keyed), (nrows // 2) * ncols):
-        axes[2 * (k // ncols)][k % ncols].set_visible(False)
-        axes[2 * (k // ncols) + 1][k % ncols].set_visible(False)
+            if ax.get_visible():
+                ax.legend(fontsize=7)
+                ax.grid(alpha=0.3)
+        if title == ACCURACY_PANEL:
+            rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -205,9 +304,14 @@ def plot_runs(
     csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "panel", "key", "step", "wall_clock_s", "value"])
+        writer.writerow(["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value"])
         writer.writerows(rows_csv)
     return fig
+
+
+def _csv_row(run: str, panel: str, key: str, x: dict, value: float) -> tuple:
+    cells = ["" if x[axis] is None else x[axis] for axis in ("step", "grpo_step", "validation_step", "wall_clock")]
+    return (run, panel, key, *cells, value)
 
 
 def load_baseline(path: str | Path) -> dict[int, float]:
@@ -291,11 +395,18 @@ def register(app: typer.Typer) -> None:
             help="A `trl-ext eval --recipe` output folder: zero-shot accuracy lines on the validation accuracy panel "
             "(each run at its max_completion_length).",
         ),
+        x: str = typer.Option(
+            ",".join(DEFAULT_X_AXES),
+            "--x",
+            help=f"Comma-separated x-axes, one row each: {', '.join(X_AXES)} (GRPO step: rollout batch, or EI step).",
+        ),
     ) -> None:
-        """Training curves (reward, validation reward, entropy, grad norm, clip fraction, length) vs step and time."""
+        """Training curves (rewards, validation accuracy, entropy, response length, grad norm, clip fraction, losses)
+        of several runs against optimizer step, GRPO step, validation step or wall-clock time."""
         names = [s.strip() for s in labels.split(",")] if labels else None
+        axes = [a.strip() for a in x.split(",") if a.strip()]
         try:
-            plot_runs(run_dirs, output, labels=names, baseline=baseline)
+            plot_runs(run_dirs, output, labels=names, baseline=baseline, x_axes=axes)
         except (FileNotFoundError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
         typer.echo(f"wrote {output} and {Path(output).with_suffix('.csv')}")
