@@ -124,8 +124,8 @@ DIFFS = {
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}
         | {"chat_template_kwargs", "max_completion_length", "generation_kwargs"},
     ),
-    "sft/size_128.yaml": ("sft/base.yaml", {"limit"}),
-    "sft/size_256.yaml": ("sft/base.yaml", {"limit"}),
+    "sft/size_128.yaml": ("sft/base.yaml", {"limit", "gradient_accumulation_steps"}),
+    "sft/size_256.yaml": ("sft/base.yaml", {"limit", "gradient_accumulation_steps"}),
     "sft/size_512.yaml": ("sft/base.yaml", {"limit"}),
     "sft/size_1024.yaml": ("sft/base.yaml", {"limit"}),
     "sft/full.yaml": ("sft/base.yaml", {"num_train_epochs"}),  # limit: null is base's default (all rows)
