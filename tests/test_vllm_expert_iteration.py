@@ -108,3 +108,25 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
     moved = [abs(a - b) for r in second for a, b in zip(r["engine"], r["initial"], strict=True)]
     assert sum(moved) / len(moved) > 0.3
     assert all(math.isfinite(x) for r in second for x in r["engine"])
+
+
+def test_sft_accuracy_generates_greedily_with_the_engine(ei):
+    """`ValidatingSFTTrainer`'s vLLM path (`accuracy_backend: vllm`) on the same engine, greedy: every token the
+    engine chose is the float32 model's argmax wherever its top-2 logits are further apart than bfloat16 can blur
+    (0.1), its log-probs match the forward, and the logged mean length is that of the samples (cut at <eos>).
+    Catches prompts sent without their token ids, sampling instead of greedy, or samples misaligned with prompts."""
+    sft = ei["sft"]
+    assert len(sft["samples"]) == 4
+    clear = sum(m > 0.1 for row in sft["samples"] for m in row["margin"])
+    assert clear >= 16  # most of the 4 x 8 positions are checked
+    for row in sft["samples"]:
+        assert 0 < len(row["token_ids"]) <= 8 and len(row["engine"]) == len(row["token_ids"])
+        assert max(abs(a - b) for a, b in zip(row["engine"], row["forward"], strict=True)) < ENGINE_TOL
+        clear = [(t, a) for t, a, m in zip(row["token_ids"], row["argmax"], row["margin"], strict=True) if m > 0.1]
+        assert all(token == argmax for token, argmax in clear), row
+    lengths = []
+    for row in sft["samples"]:
+        ids = row["token_ids"]
+        lengths.append(ids.index(sft["eos"]) + 1 if sft["eos"] in ids else len(ids))
+    assert sft["metrics"]["eval_completions/mean_length"] == pytest.approx(sum(lengths) / 4)
+    assert sft["metrics"]["eval_rewards/countdown_reward/answer_reward"] == 0.0  # the tiny model solves none

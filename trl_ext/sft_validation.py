@@ -194,9 +194,11 @@ class ValidatingSFTTrainer(SFTTrainer):
             tokenizer.padding_side = side
 
     def _generate_vllm(self, texts: list[str]) -> list[list[Sample]]:
-        """Completions from TRL's `VLLMGeneration` (built on first use), after pushing the current weights."""
+        """Completions from TRL's `VLLMGeneration` (built on first use) with the measurement's sampling, after
+        pushing the current weights."""
         cfg = self.accuracy.config
         generation = self.vllm_generation or self._build_vllm_generation()
+        set_vllm_sampling(generation, cfg)
         generation.sync_weights()
         prompt_ids = [self.processing_class(t, add_special_tokens=False)["input_ids"] for t in texts]
         prompt_ids = [ids for ids in prompt_ids for _ in range(cfg.n)]
@@ -208,17 +210,13 @@ class ValidatingSFTTrainer(SFTTrainer):
         return [flat[i : i + cfg.n] for i in range(0, len(flat), cfg.n)]
 
     def _build_vllm_generation(self):
-        """TRL's `VLLMGeneration` with the measurement's sampling (stop strings kept in the text, as the seeds' vLLM
-        call); on vLLM's CPU backend the colocated weight sync of `trl_ext.vllm_sync`."""
+        """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
+        colocated weight sync of `trl_ext.vllm_sync`."""
         from trl.generation.vllm_generation import VLLMGeneration
 
         acc, cfg = self.accuracy, self.accuracy.config
-        longest = max(len(self.processing_class(t, add_special_tokens=False)["input_ids"]) for t in
-                      render_prompts(acc.prompts, self.processing_class, cfg.chat_template_kwargs))  # fmt: skip
-        # No per-request seed: the n copies of a prompt would all draw the same sample.
-        kwargs: dict[str, Any] = {"stop": list(cfg.stop), "include_stop_str_in_output": True}
-        if cfg.min_tokens:
-            kwargs["min_tokens"] = cfg.min_tokens
+        texts = render_prompts(acc.prompts, self.processing_class, cfg.chat_template_kwargs)
+        longest = max(len(self.processing_class(t, add_special_tokens=False)["input_ids"]) for t in texts)
         generation = VLLMGeneration(
             model=self.model,
             accelerator=self.accelerator,
@@ -226,11 +224,6 @@ class ValidatingSFTTrainer(SFTTrainer):
             mode=acc.vllm_mode,
             gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
             max_model_length=longest + cfg.max_tokens[0],
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_completion_length=cfg.max_tokens[0],
-            logprobs=0,
-            generation_kwargs=kwargs,
         )
         if acc.vllm_mode == "colocate":
             from vllm.platforms import current_platform
@@ -239,3 +232,20 @@ class ValidatingSFTTrainer(SFTTrainer):
                 generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
         self.vllm_generation = generation
         return generation
+
+
+def set_vllm_sampling(generation, cfg: EvalConfig) -> None:
+    """Give TRL's `VLLMGeneration` the sampling of `cfg` (it reads these attributes at every `generate`): budget,
+    temperature (0: greedy), top-p, the sampled token's log-prob, and the stop strings kept in the text, as the seeds'
+    vLLM call. No per-request seed: the n copies of a prompt would all draw the same sample."""
+    generation.temperature = cfg.temperature
+    generation.top_p = cfg.top_p
+    generation.top_k = 0
+    generation.min_p = 0.0
+    generation.repetition_penalty = 1.0
+    generation.max_completion_length = cfg.max_tokens[0]
+    generation.logprobs = 0
+    kwargs: dict[str, Any] = {"stop": list(cfg.stop), "include_stop_str_in_output": True}
+    if cfg.min_tokens:
+        kwargs["min_tokens"] = cfg.min_tokens
+    generation.generation_kwargs = kwargs

@@ -50,6 +50,11 @@ def recording_trainer(initial_model_dir: str):
 
     class RecordingEITrainer(ExpertIterationTrainer):
         records: dict = {"batches": [], "sft_steps": [], "evaluations": []}
+        instance = None
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            type(self).instance = self
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
@@ -106,6 +111,53 @@ def recording_trainer(initial_model_dir: str):
     return RecordingEITrainer
 
 
+def sft_accuracy_on_the_engine(trainer, data, out_dir: Path) -> dict:
+    """`ValidatingSFTTrainer`'s vLLM measurement, greedy, on the EI run's engine and model (a second engine would
+    cost another start): the samples it generated, a plain forward's log-probs, argmax and top-2 margin at each of
+    their tokens, and the metrics it logged."""
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from trl_ext.evaluation import EvalConfig, ground_truth_of, load_problems
+    from trl_ext.sft_validation import ValidatingSFTTrainer, ValidationAccuracy
+
+    config = EvalConfig(
+        model="(the policy)", task="countdown", data_file=str(data), split="train[20:24]", prompt="compact",
+        max_tokens=(8,), temperature=0.0, backend="vllm", ns=(1,),
+    )  # fmt: skip
+    prompts, rows = load_problems(config)
+    truths = [ground_truth_of("countdown", row) for row in rows]
+    accuracy = ValidationAccuracy(config=config, prompts=prompts, ground_truths=truths, reward="countdown")
+    sft = ValidatingSFTTrainer(
+        model=trainer.model,
+        args=SFTConfig(output_dir=str(out_dir / "sft"), report_to="none", use_cpu=True, max_steps=1),
+        train_dataset=Dataset.from_dict({"prompt": ["a"], "completion": ["b"]}),
+        processing_class=trainer.processing_class,
+        accuracy=accuracy,
+    )
+    sft.vllm_generation = trainer.vllm_generation  # the engine holds the same model object
+    samples = sft._generate_vllm(prompts)
+    rows_out = []
+    tokenizer = trainer.processing_class
+    for prompt, (sample,) in zip(prompts, samples, strict=True):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        logp, _ = forward(trainer.model, ids, sample.token_ids)
+        argmax, margin = top2(trainer.model, ids, sample.token_ids)
+        rows_out.append({"token_ids": sample.token_ids, "engine": sample.logprobs, "forward": logp.tolist(),
+                         "argmax": argmax, "margin": margin})  # fmt: skip
+    return {"samples": rows_out, "metrics": sft.measure_accuracy(), "eos": tokenizer.eos_token_id}
+
+
+def top2(model, prompt: list[int], completion: list[int]) -> tuple[list[int], list[float]]:
+    """At each completion position, a plain forward's argmax token and the gap between its top two logits."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    top = logits.topk(2, dim=-1)
+    return top.indices[:, 0].tolist(), (top.values[:, 0] - top.values[:, 1]).tolist()
+
+
 def main(out_dir: Path) -> None:
     import torch
     from conftest import shared_path
@@ -153,7 +205,8 @@ def main(out_dir: Path) -> None:
     trainer_class = recording_trainer(model)
     final = run_expert_iteration_recipe(["--config", str(config)], trainer_class=trainer_class)
     state = json.loads((out_dir / "run" / "trainer_state.json").read_text())
-    result = {**trainer_class.records, "final_eval": final, "log_history": state["log_history"]}
+    sft = sft_accuracy_on_the_engine(trainer_class.instance, data, out_dir)
+    result = {**trainer_class.records, "final_eval": final, "log_history": state["log_history"], "sft": sft}
     (out_dir / "result.json").write_text(json.dumps(result))
 
 
