@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -77,23 +76,33 @@ def runs(tmp_path_factory):
     return {"grid": grid, "onpolicy": onpolicy, "ei": ei}
 
 
-def test_grpo_step_of_an_off_policy_run_is_its_rollout_batch(runs):
+def test_grpo_step_of_an_off_policy_run_counts_rollout_batches(runs):
     """E2 / T128 on one process: GA 64, 128 micro-batches per rollout, 2 passes -> k = 2 x 128 / 64 = 4 optimizer
-    steps per GRPO step; optimizer step s belongs to GRPO step ceil(s / 4): 1-4 -> 1, 5-8 -> 2, ..., 80 -> 20.
-    Catches k read as 1 (an on-policy run), as epochs x rollout / micro-batch, or floor instead of ceil."""
+    steps per GRPO step; after optimizer step s, s / 4 GRPO steps are done: 1 -> 0.25, 4 -> 1, 40 -> 10, 80 -> 20.
+    Catches k read as 1 (an on-policy run), as epochs x rollout / micro-batch (8), or as rollout / train (2)."""
     grid = load_run(runs["grid"])
     record = json.loads((runs["grid"] / "trl_ext_run.json").read_text())["config"]
     assert (record["num_iterations"], record["steps_per_generation"], record["gradient_accumulation_steps"]) == (
         2, 128, 64,
     )  # fmt: skip
     by_step = {e["step"]: g for e, g in zip(grid.history, grid.x["grpo_step"], strict=True) if "loss" in e}
-    assert [by_step[s] for s in (1, 2, 3, 4, 5, 8, 9, 40, 41, 80)] == [1, 1, 1, 1, 2, 2, 3, 10, 11, 20]
-    assert all(by_step[s] == math.ceil(s / 4) for s in by_step)
+    assert [by_step[s] for s in (1, 2, 3, 4, 5, 8, 40, 41, 80)] == [0.25, 0.5, 0.75, 1, 1.25, 2, 10, 10.25, 20]
     onpolicy = load_run(runs["onpolicy"])  # E1 / T256: one optimizer step per GRPO step
     assert [g for e, g in zip(onpolicy.history, onpolicy.x["grpo_step"], strict=True) if "loss" in e] == list(
         range(1, 21)
     )
     assert grpo_steps([{"step": 3}], None) == [None]  # no record, no ei_step: not on this axis
+
+
+def test_grpo_step_of_expert_iteration_spreads_its_sft_steps():
+    """EI step 1's three SFT steps at 1/3, 2/3, 1; EI step 2 kept nothing (its rollout entry and validation at 2);
+    EI step 3's two at 2.5, 3; validations at their EI steps, the one before training at 0."""
+    history = _ei_history()
+    got = [(e["step"], "loss" in e, round(x, 4)) for e, x in zip(history, grpo_steps(history, None), strict=True)]
+    assert got == [
+        (0, False, 0), (1, True, 0.3333), (2, True, 0.6667), (3, True, 1), (3, False, 1), (3, False, 2),
+        (3, False, 2), (4, True, 2.5), (5, True, 3), (5, False, 3),
+    ]  # fmt: skip
 
 
 def test_validation_step_counts_distinct_evaluation_steps():
@@ -112,7 +121,7 @@ def test_validation_step_counts_distinct_evaluation_steps():
 def test_grid_point_on_policy_run_and_ei_on_one_figure(runs, tmp_path):
     """Three runs, four x-axes. By validation step the runs line up: the grid point validates at optimizer steps 40
     and 80 (GRPO steps 10 and 20), the on-policy run at 10 and 20, both validation steps 1, 2 (the final evaluation
-    repeats step 2); EI at 0, 1, 2, 3. By GRPO step the grid's train entries sit at ceil(step / 4) and EI's at its
+    repeats step 2); EI at 0, 1, 2, 3. By GRPO step the grid's train entries sit at step / 4 and EI's within their
     EI steps. The CSV holds the same numbers in its x columns."""
     out = tmp_path / "overlay.png"
     axes_names = ["step", "grpo_step", "validation_step", "wall_clock"]
@@ -132,10 +141,10 @@ def test_grid_point_on_policy_run_and_ei_on_one_figure(runs, tmp_path):
     assert by_grpo["offpolicy_e2_tb128"][0] == [10, 20, 20] and by_grpo["offpolicy_e1_tb256"][0] == [10, 20, 20]
     assert by_grpo["expert_iteration"][0] == [0, 1, 2, 3]
     assert lines("validation answer reward vs step")["offpolicy_e2_tb128"][0] == [40, 80, 80]
-    # train reward: logged at the generating steps 1, 5, 9, ... of the grid point = GRPO steps 1, 2, 3, ...
-    assert lines("train reward vs GRPO step")["offpolicy_e2_tb128"][0] == list(range(1, 21))
-    assert lines("train reward vs GRPO step")["expert_iteration"][0] == [1, 2, 3]
-    assert lines("entropy vs GRPO step")["expert_iteration"][0] == [1, 1, 1, 3, 3]
+    # train reward: logged at the generating steps 1, 5, 9, ... of the grid point: 0.25, 1.25, 2.25, ...
+    assert lines("train reward vs GRPO step")["offpolicy_e2_tb128"][0] == [g + 0.25 for g in range(20)]
+    assert lines("train reward vs GRPO step")["expert_iteration"][0] == pytest.approx([1 / 3, 2, 2.5])
+    assert lines("entropy vs GRPO step")["expert_iteration"][0] == pytest.approx([1 / 3, 2 / 3, 1, 2.5, 3])
     # train panels have no validation step: hidden on that row; validation panels are drawn there
     assert "train reward vs validation step" not in axes and "entropy vs validation step" not in axes
     assert set(lines("validation entropy vs validation step")) == {"offpolicy_e2_tb128", "offpolicy_e1_tb256",
@@ -146,7 +155,7 @@ def test_grid_point_on_policy_run_and_ei_on_one_figure(runs, tmp_path):
     rows = [r for r in csv.DictReader(open(out.with_suffix(".csv"))) if r["panel"] == "validation answer reward"]
     grid_rows = [r for r in rows if r["run"] == "offpolicy_e2_tb128"]
     assert [(r["step"], r["grpo_step"], r["validation_step"]) for r in grid_rows] == [
-        ("40", "10", "1"), ("80", "20", "2"), ("80", "20", "2"),
+        ("40", "10.0", "1"), ("80", "20.0", "2"), ("80", "20.0", "2"),
     ]  # fmt: skip
 
 

@@ -9,11 +9,12 @@ wall-clock time), plus a CSV of every number drawn.
 The x-axes:
 
 - `step`: the optimizer step HF logs.
-- `grpo_step`: the GRPO step (rollout batch) the entry belongs to, `ceil(step / k)` with `k = num_iterations x
-  steps_per_generation / gradient_accumulation_steps` optimizer steps per rollout, read from the run's
-  `trl_ext_run.json` (the recipes write it); an expert-iteration run's EI step (its entries carry `ei_step`). Runs
-  with neither (SFT) are left off this axis. The off-policy grid points take 1 to 16 optimizer steps per GRPO step;
-  on this axis they line up.
+- `grpo_step`: GRPO steps (rollout batches) done, `step / k` with `k = num_iterations x steps_per_generation /
+  gradient_accumulation_steps` optimizer steps per rollout, read from the run's `trl_ext_run.json` (the recipes
+  write it): the 4 optimizer steps of an E2 / T128 grid point's first rollout batch sit at 0.25 ... 1.0. The off-policy
+  grid points take 1 to 16 optimizer steps per GRPO step; on this axis they line up. An expert-iteration run's
+  entries carry `ei_step`: EI step k's SFT steps spread evenly over (k - 1, k], its validation at k. Runs with
+  neither (SFT) are left off this axis.
 - `validation_step`: the how-many-th validation the entry belongs to: the distinct steps (and EI steps) with an
   evaluation entry, numbered 1, 2, ... (an evaluation at step 0, `eval_on_start`, is validation step 0; a second
   entry at the same step, such as the recipes' final evaluation, is the same validation step). Only evaluation
@@ -36,7 +37,6 @@ from __future__ import annotations
 import csv
 import fnmatch
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +60,7 @@ PANELS: list[tuple[str, list[str]]] = [
 #: x-axis name -> (title suffix, axis label); see the module docstring.
 X_AXES: dict[str, tuple[str, str]] = {
     "step": ("step", "step"),
-    "grpo_step": ("GRPO step", "GRPO step (EI step for EI runs)"),
+    "grpo_step": ("GRPO step", "GRPO steps (EI steps for EI runs)"),
     "validation_step": ("validation step", "validation step"),
     "wall_clock": ("wall-clock", "wall-clock (s)"),
 }
@@ -147,18 +147,28 @@ def steps_per_rollout(run_path: Path) -> float | None:
     return config["num_iterations"] * config["steps_per_generation"] / config["gradient_accumulation_steps"]
 
 
-def grpo_steps(history: list[dict], per_rollout: float | None) -> list[int | None]:
-    """The GRPO step of each entry: its `ei_step` (expert iteration), else `ceil(step / per_rollout)`; None when
-    neither is known."""
-    out: list[int | None] = []
-    for entry in history:
-        if entry.get("ei_step") is not None:
-            out.append(int(entry["ei_step"]))
-        elif per_rollout:
-            out.append(math.ceil(round(entry.get("step", 0) / per_rollout, 9)))
-        else:
-            out.append(None)
-    return out
+def grpo_steps(history: list[dict], per_rollout: float | None) -> list[float | None]:
+    """The GRPO steps done at each entry (module docstring): `step / per_rollout`; for expert iteration (entries
+    with `ei_step`), EI step k's SFT steps spread over (k - 1, k] and its other entries at k. None when neither."""
+    if any(e.get("ei_step") is not None for e in history):
+        sft_steps: dict[int, list[int]] = {}
+        for e in history:
+            if e.get("ei_step") is not None and "loss" in e and not is_evaluation(e):
+                sft_steps.setdefault(int(e["ei_step"]), []).append(e.get("step", 0))
+        out: list[float | None] = []
+        for e in history:
+            k = e.get("ei_step")
+            steps = sorted(set(sft_steps.get(int(k), []))) if k is not None else []
+            if k is None:
+                out.append(None)
+            elif "loss" in e and not is_evaluation(e) and e.get("step", 0) in steps:
+                out.append(k - 1 + (steps.index(e.get("step", 0)) + 1) / len(steps))
+            else:
+                out.append(float(k))
+        return out
+    if not per_rollout:
+        return [None] * len(history)
+    return [e.get("step", 0) / per_rollout for e in history]
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> RunLog:
@@ -219,7 +229,7 @@ def plot_runs(
     baseline: str | Path | None = None,
     x_axes: tuple[str, ...] | list[str] = DEFAULT_X_AXES,
 ):
-    """Draw every panel for every run against each of `x_axes` (one row per x-axis under each panel).
+    """Draw every panel for every run against each of `x_axes`.
 
     Args:
         run_dirs: training output folders (or `trainer_state.json` files).
@@ -234,9 +244,9 @@ def plot_runs(
         x_axes: names of `X_AXES`, in the order of the rows.
 
     Returns:
-        The matplotlib figure. Axes are titled `"<panel> vs <x-axis title>"` (`vs step`, `vs GRPO step`,
-        `vs validation step`, `vs wall-clock`) and hold one line per run with points on that axis, labelled with the
-        run's name; a panel with no point on an axis is hidden there.
+        The matplotlib figure: one block of rows per x-axis, in `x_axes` order, holding the panels with points on
+        that axis. Axes are titled `"<panel> vs <x-axis title>"` (`vs step`, `vs GRPO step`, `vs validation step`,
+        `vs wall-clock`) and hold one line per run with points on that axis, labelled with the run's name.
 
     Raises:
         ValueError: an unknown x-axis, or one no run has a value on (e.g. `grpo_step` for runs without a record).
@@ -266,37 +276,40 @@ def plot_runs(
     if not keyed:
         raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
 
-    ncols, nx = 4, len(x_axes)
-    nrows = nx * ((len(keyed) + ncols - 1) // ncols)
+    rows_csv = []
+    for title, pairs in keyed:
+        for run, key in pairs:
+            if key is not None:
+                xs, values = series(run, key)
+                rows_csv += [_csv_row(run.name, title, key, x, v) for x, v in zip(xs, values, strict=True)]
+        if title == ACCURACY_PANEL:
+            rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
+    # One block of rows per x-axis, holding the panels with points on that axis (train panels have no validation step).
+    cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
+    ncols = 4
+    blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
+    nrows = sum(-(-n // ncols) for n in blocks)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
-    rows_csv = []
-    for i, (title, pairs) in enumerate(keyed):
-        row, col = nx * (i // ncols), i % ncols
-        for j, axis in enumerate(x_axes):
-            ax = axes[row + j][col]
-            suffix, x_label = X_AXES[axis]
+    row = 0
+    for axis, count in zip(x_axes, blocks, strict=True):
+        suffix, x_label = X_AXES[axis]
+        for i, (_, title, pairs) in enumerate(cell for cell in cells if cell[0] == axis):
+            ax = axes[row + i // ncols][i % ncols]
+            ax.set_visible(True)
             ax.set_title(f"{title} vs {suffix}", fontsize=9)
             ax.set_xlabel(x_label, fontsize=8)
             for run, key in pairs:
-                if key is None:
-                    continue
-                xs, values = series(run, key)
-                if j == 0:
-                    rows_csv += [_csv_row(run.name, title, key, x, v) for x, v in zip(xs, values, strict=True)]
-                points = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+                points = _points(run, key, axis)
                 if points:
                     ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label=run.name)
-                    ax.set_visible(True)
-            if title == ACCURACY_PANEL and ax.get_visible():
+            if title == ACCURACY_PANEL:
                 for budget, accuracy in references:
                     ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
-            if ax.get_visible():
-                ax.legend(fontsize=7)
-                ax.grid(alpha=0.3)
-        if title == ACCURACY_PANEL:
-            rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+        row += -(-count // ncols)
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -307,6 +320,17 @@ def plot_runs(
         writer.writerow(["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value"])
         writer.writerows(rows_csv)
     return fig
+
+
+def _points(run: RunLog, key: str | None, axis: str) -> list[tuple[float, float]]:
+    if key is None:
+        return []
+    xs, values = series(run, key)
+    return [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+
+
+def _has_points(pairs: list[tuple[RunLog, str | None]], axis: str) -> bool:
+    return any(_points(run, key, axis) for run, key in pairs)
 
 
 def _csv_row(run: str, panel: str, key: str, x: dict, value: float) -> tuple:
