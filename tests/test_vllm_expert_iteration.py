@@ -9,7 +9,8 @@ logged, and plain-forward recomputations (no TRL or trl_ext code) of the same nu
 Tolerances: the SFT loss and entropies are the trainer's float32 forward against a float64 plain forward of the same
 weights (measured gaps <= 1e-6; tolerance 1e-4). TRL builds the colocated engine without a dtype, so vLLM samples
 in bfloat16: the engine's log-probs of its sampled tokens differ from the float32 forward by up to 0.06 with this
-model (std-0.1 weights), tolerance 0.15; one SFT step at lr 1e-2 moves them by more than 0.3 on average.
+model (std-0.1 weights; 0.01 on average), tolerance 0.15; one SFT step at lr 2e-3 moves them by 1.0 to 1.2 on
+average. Measured under ATEN_CPU_CAPABILITY=default and avx2 (different samples, same margins).
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def test_sft_loss_and_entropy_equal_a_plain_forward(ei):
     for step, entry in zip(steps, train_logs, strict=True):
         assert step["logged_loss"] == entry["loss"] == pytest.approx(step["reference_nll"], abs=TOL)
         assert entry["entropy"] == pytest.approx(step["reference_entropy"], abs=TOL)
-        # the step trained on them: their NLL fell (Adam's first step at lr 1e-2 on 16 short rows; measured 0.37
-        # and 0.49 nats per token, margin > 10x)
-        assert step["nll_after"] < step["reference_nll"] - 0.03
+        # the step trained on them: their NLL fell (Adam's first steps at lr 2e-3 on <= 16 short rows; measured
+        # 1.1 to 1.4 nats per token under ATEN_CPU_CAPABILITY=default and avx2)
+        assert step["nll_after"] < step["reference_nll"] - 0.3
 
 
 def test_validation_logs_entropy_and_reward_as_grpo_does(ei):
@@ -106,7 +107,8 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
             assert gap < ENGINE_TOL, (batch["mode"], batch["ei_step"], gap)
     second = _train_batches(ei)[1]["rows"]
     moved = [abs(a - b) for r in second for a, b in zip(r["engine"], r["initial"], strict=True)]
-    assert sum(moved) / len(moved) > 0.3
+    noise = [abs(a - b) for r in second for a, b in zip(r["engine"], r["forward"], strict=True)]
+    assert sum(moved) / len(moved) > 0.3 > 10 * sum(noise) / len(noise)  # measured 1.0-1.2 against 0.01
     assert all(math.isfinite(x) for r in second for x in r["engine"])
 
 

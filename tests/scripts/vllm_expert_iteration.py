@@ -185,7 +185,7 @@ def main(out_dir: Path) -> None:
         "sft_epochs: 1",
         "per_device_train_batch_size: 4",
         "gradient_accumulation_steps: 4  # 16 completions per SFT step: every kept one in one step",
-        "learning_rate: 1.0e-2",
+        "learning_rate: 2.0e-3",
         "max_completion_length: 8",
         "per_device_eval_batch_size: 4  # the 4 validation questions in one batch",
         "eval_on_start: true",
