@@ -164,4 +164,4 @@ def test_size_sweep_recipes_measure_accuracy_on_math500():
         assert (script.accuracy_backend, script.accuracy_task, script.accuracy_split) == ("vllm", "math", "test")
         assert (script.accuracy_prompt, script.accuracy_chat) == ("intellect", True)
         assert (script.accuracy_temperature, script.accuracy_max_tokens) == (0.0, 2048)
-        assert args.eval_strategy == "steps" and math.isclose(args.eval_steps, 0.1)
+        assert args.eval_strategy == "steps" and math.isclose(args.eval_steps, 0.1) and args.eval_on_start

@@ -9,9 +9,12 @@ it; each micro-batch contributes its share through the seeds' `sft_microbatch_tr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from trl_ext.objectives import compute_entropy, sft_microbatch_train_step
+from trl_ext.sampling import loss_mask
 
 
 def kept_mask(rewards_per_func: torch.Tensor, weights: torch.Tensor, min_reward: float) -> torch.Tensor:
@@ -99,21 +102,24 @@ def completion_log_probs(model, batch: dict, return_entropy: bool = True) -> tup
     return logp, (compute_entropy(logits) if return_entropy else None)
 
 
-def sft_micro_step(model, micro_batch: dict, step_tokens: int, micro_batches: int) -> dict[str, float]:
+def sft_micro_step(model, micro_batch: dict, step_tokens: int, micro_batches: int, autocast=None) -> dict[str, float]:
     """Forward and backward of one SFT micro-batch: its share of the optimizer step's token-mean NLL.
 
     Args:
         model: the policy (gradients accumulate into it).
         micro_batch: as `completion_log_probs` takes it, rows of kept completions only.
-        step_tokens: completion tokens of the whole optimizer step (all its micro-batches).
+        step_tokens: completion tokens of the whole optimizer step (all its micro-batches), > 0.
         micro_batches: micro-batches in the optimizer step.
+        autocast: a context-manager factory for the forward (mixed precision, e.g. `accelerator.autocast`); the
+            backward runs outside it.
 
     Returns:
         `loss` (this micro-batch's term: they sum to the step's token-mean NLL), `entropy_sum` (sum of the token
         entropies over its completion tokens) and `tokens`.
     """
-    mask = micro_batch["completion_mask"]
-    logp, entropy = completion_log_probs(model, micro_batch)
+    mask = loss_mask(micro_batch)
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        logp, entropy = completion_log_probs(model, micro_batch)
     rows = mask.size(0)
     loss, _ = sft_microbatch_train_step(
         logp, mask, micro_batches, normalize_constant=step_tokens / (rows * micro_batches)

@@ -74,6 +74,8 @@ class ExpertIterationTrainer(GRPOTrainer):
         keep = kept_mask(self._gathered_rewards, self.reward_weights, self.args.keep_min_reward)  # (N_global,)
         local = output["completion_ids"].size(0)
         start = self.accelerator.process_index * local
+        # A completion without loss tokens (`mask_truncated_completions` masks truncated ones) has nothing to train on.
+        keep[start : start + local] &= loss_mask(output).sum(dim=1).to(keep.device) > 0
         output["ei_keep"] = keep[start : start + local]
         # The completions table (log_completions, RolloutSamplesCallback) shows the SFT weight instead of TRL's
         # GRPO advantage: 1.0 trained on, 0.0 dropped.
@@ -148,7 +150,6 @@ class ExpertIterationTrainer(GRPOTrainer):
         model.train()
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-            model.config.use_cache = False
         # An upper bound of the SFT steps (every rollout kept), for progress bars; the schedules are constant.
         steps_per_ei = args.sft_epochs * -(-args.rollouts_per_step // args.sft_batch_size)
         self.state.max_steps = args.n_ei_steps * steps_per_ei
@@ -197,8 +198,7 @@ class ExpertIterationTrainer(GRPOTrainer):
         tokens = int(sum(int(loss_mask(m).sum()) for m in micro))
         loss, entropy_sum = 0.0, 0.0
         for m in micro:
-            with self.accelerator.autocast():
-                out = sft_micro_step(model, m, tokens, len(micro))
+            out = sft_micro_step(model, m, tokens, len(micro), self.accelerator.autocast)
             loss += out["loss"]
             entropy_sum += out["entropy_sum"]
         max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else float("inf")

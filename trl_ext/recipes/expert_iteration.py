@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from trl_ext.recipes.arguments import TASK_DEFAULTS, apply_task_defaults
 from trl_ext.recipes.data import load_grpo_datasets
 from trl_ext.recipes.parsing import adapt_generation_kwargs, make_parser
-from trl_ext.recipes.training import model_init_kwargs, train_save_evaluate
+from trl_ext.recipes.training import build_grpo_trainer, train_save_evaluate
 from trl_ext.recipes.yaml_chain import RecipeError
 
 
@@ -137,29 +137,14 @@ def ei_preflight(argv: Sequence[str], parsed: tuple, environ=None) -> tuple[list
 def build_ei_trainer(
     script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset, trainer_class=None
 ):
-    """`ExpertIterationTrainer` (or the subclass `trainer_class`) for a parsed EI recipe; TRL loads the model from
-    `model_name_or_path`."""
-    from trl import get_peft_config, get_quantization_config
-
+    """`ExpertIterationTrainer` (or the subclass `trainer_class`) for a parsed EI recipe, built as the GRPO recipes
+    build theirs (`build_grpo_trainer`); TRL loads the model from `model_name_or_path`."""
     from trl_ext.expert_iteration import ExpertIterationTrainer
-    from trl_ext.recipes.training import add_rollout_logging
 
-    if not model_args.model_name_or_path:
-        raise RecipeError("model_name_or_path is not set (recipe key or --model_name_or_path)")
-    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    if eval_dataset is None and training_args.eval_strategy != "no":
-        training_args.eval_strategy = "no"
-    trainer = (trainer_class or ExpertIterationTrainer)(
-        model=model_args.model_name_or_path,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-        quantization_config=get_quantization_config(model_args),
+    trainer_class = trainer_class or ExpertIterationTrainer
+    return build_grpo_trainer(
+        script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset, trainer_class
     )
-    add_rollout_logging(trainer, script_args.rollout_log_steps)
-    return trainer
 
 
 def run_expert_iteration_recipe(argv: Sequence[str] | None = None, trainer_class=None) -> dict[str, float]:

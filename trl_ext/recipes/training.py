@@ -38,8 +38,11 @@ def add_rollout_logging(trainer, every_n_steps: int):
     return callback
 
 
-def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset):
-    """`AblationGRPOTrainer` for a parsed recipe; TRL loads the model from `model_name_or_path`."""
+def build_grpo_trainer(
+    script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset, trainer_class=None
+):
+    """`AblationGRPOTrainer` (or `trainer_class`, a `GRPOTrainer` subclass such as `ExpertIterationTrainer`) for a
+    parsed recipe; TRL loads the model from `model_name_or_path`."""
     from trl import get_peft_config, get_quantization_config
 
     from trl_ext.trainer import AblationGRPOTrainer
@@ -49,7 +52,7 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
     if eval_dataset is None and training_args.eval_strategy != "no":
         logger.warning("no validation split: eval_strategy %r turned off", str(training_args.eval_strategy))
         training_args.eval_strategy = "no"
-    trainer = AblationGRPOTrainer(
+    trainer = (trainer_class or AblationGRPOTrainer)(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
