@@ -44,6 +44,7 @@ def _config(tmp_path, **overrides) -> ExpertIterationConfig:
         ({"n_ei_steps": 0}, "n_ei_steps"),
         ({"sft_epochs": 1.5}, "sft_epochs"),
         ({"eval_strategy": "steps", "eval_steps": 1.5}, "eval_steps"),
+        ({"logging_steps": 0.5}, "logging_steps"),  # no total to take a fraction of
     ],
 )
 def test_config_refuses_what_expert_iteration_would_ignore(tmp_path, overrides, field):
@@ -209,9 +210,10 @@ def digit_first(completions, **kwargs) -> list[float]:
     return [float(text[:1].isdigit()) for text in completions]
 
 
-def test_short_ei_run_on_transformers_counts_sft_steps_and_validates_every_other_ei_step(tmp_path, char_tokenizer):
+def test_short_ei_run_on_transformers_counts_sft_steps_validates_and_saves(tmp_path, char_tokenizer):
     """4 EI steps of 4 questions x 4 completions, 2 SFT epochs in batches of 2: each EI step takes exactly
-    2 x ceil(kept / 2) SFT steps (one log entry each, none when nothing was kept), validation after EI steps 2, 4."""
+    2 x ceil(kept / 2) SFT steps; logging every 2 SFT steps averages their losses; validation after EI steps 2 and
+    4; a checkpoint after EI steps 2 and 4 (the last two kept, save_total_limit 2) with the state at that point."""
     from trl_ext.expert_iteration import ExpertIterationTrainer
     from trl_ext.tasks import load_task
     from trl_ext.tiny import build_tiny_qwen3
@@ -223,12 +225,22 @@ def test_short_ei_run_on_transformers_counts_sft_steps_and_validates_every_other
     args = _config(
         tmp_path, n_ei_steps=4, sft_epochs=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
         max_completion_length=6, learning_rate=1e-2, eval_strategy="steps", eval_steps=0.5, num_generations_eval=1,
-        per_device_eval_batch_size=4, save_strategy="no", bf16=False, seed=0, logging_steps=1,
+        per_device_eval_batch_size=4, save_strategy="steps", save_steps=2, save_total_limit=2, bf16=False, seed=0,
+        logging_steps=2,
     )  # fmt: skip
+
+    class Recording(ExpertIterationTrainer):
+        losses: list = []
+
+        def _sft_step(self, step_batch, carried_time):
+            loss = super()._sft_step(step_batch, carried_time)
+            self.losses.append((self.state.global_step, loss))
+            return loss
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = ExpertIterationTrainer(
+        trainer = Recording(
             model, [digit_first], args=args, train_dataset=train, eval_dataset=valid, processing_class=char_tokenizer
         )
         result = trainer.train()
@@ -237,9 +249,15 @@ def test_short_ei_run_on_transformers_counts_sft_steps_and_validates_every_other
     history = trainer.state.log_history
     kept = {e["ei_step"]: e["ei/kept"] for e in history if "ei/kept" in e}
     assert sorted(kept) == [1, 2, 3, 4]
-    steps = {k: sum(1 for e in history if "loss" in e and e["ei_step"] == k) for k in kept}
-    assert steps == {k: 2 * math.ceil(n / 2) for k, n in kept.items()}
-    assert result.global_step == sum(steps.values()) == trainer.state.global_step
+    assert result.global_step == sum(2 * math.ceil(n / 2) for n in kept.values()) == trainer.state.global_step
+    by_step = dict(trainer.losses)
+    for entry in (e for e in history if "loss" in e):  # each entry: the mean of the steps since the previous one
+        covered = [s for s in by_step if entry["step"] - 2 < s <= entry["step"]]
+        assert entry["loss"] == pytest.approx(sum(by_step[s] for s in covered) / len(covered))
     assert [e["ei_step"] for e in history if "eval_reward" in e] == [2, 4]
     assert result.metrics["ei_kept_total"] == sum(kept.values())
-    json.dumps(history)  # what save_state writes
+    checkpoints = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    evals_at = [e["step"] for e in history if "eval_reward" in e]
+    assert checkpoints == sorted(f"checkpoint-{s}" for s in set(evals_at))
+    saved = json.loads((tmp_path / f"checkpoint-{evals_at[0]}" / "trainer_state.json").read_text())
+    assert saved["global_step"] == evals_at[0]

@@ -158,6 +158,8 @@ class ExpertIterationConfig(GRPOConfig):
                 f"must be a multiple of per_device_train_batch_size={self.per_device_train_batch_size}, as TRL "
                 "requires"
             )
+        if self.logging_steps < 1 or self.logging_steps != int(self.logging_steps):
+            raise ValueError(f"logging_steps={self.logging_steps}: give a whole number of SFT steps")
         for name in ("eval_strategy", "save_strategy"):
             strategy = str(_value(getattr(self, name)))
             if strategy not in STEP_STRATEGIES:

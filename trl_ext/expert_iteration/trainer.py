@@ -20,10 +20,11 @@ gathered rewards), `_generate_and_score_completions` (adds `ei_keep`, the kept m
 "advantage" of the completions table), `_compute_loss` (evaluation only: SFT loss of the kept eval completions and
 TRL's `entropy` metric), `log` (tags every entry with `ei_step`) and `train` (the loop above).
 
-Logged per SFT optimizer step: `loss` (token-mean NLL of the step's kept completions), `grad_norm` (before
-clipping), `learning_rate`, `entropy` (mean token entropy over the step's completion tokens), `step_time` (the first
-step of an EI step also carries the EI step's generation time); per EI step, with its first SFT step: TRL's rollout
-metrics and `ei/kept` (kept completions), `ei/kept_fraction`, `ei/questions_with_kept`, `ei/sft_steps`.
+Logged every `logging_steps` SFT optimizer steps (means over them): `loss` (token-mean NLL of a step's kept
+completions), `grad_norm` (before clipping; the last step's), `learning_rate`, `entropy` (mean token entropy over a
+step's completion tokens), `step_time` (the first step of an EI step also carries the EI step's generation time);
+per EI step, with the next entry: TRL's rollout metrics and `ei/kept` (kept completions), `ei/kept_fraction`,
+`ei/questions_with_kept`, `ei/sft_steps`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class ExpertIterationTrainer(GRPOTrainer):
             raise TypeError(f"args must be an ExpertIterationConfig, got {type(args).__name__}")
         self._gathered_rewards: torch.Tensor | None = None
         self._ei_step = 0
+        self._unlogged_losses: list[float] = []
+        self._last_grad_norm = 0.0
         super().__init__(model, reward_funcs, args=args, **kwargs)
         if self.accelerator.num_processes != 1:
             raise ValueError(
@@ -133,11 +136,13 @@ class ExpertIterationTrainer(GRPOTrainer):
                 losses.append(self._sft_step({key: value[kept[rows]] for key, value in batch.items()}, carried))
                 carried = 0.0
             if not steps:
-                self.log({})  # the rollout metrics of an EI step that kept nothing
+                self._log_training()  # the rollout metrics of an EI step that kept nothing
             if args.eval_strategy != "no" and ei_step % eval_every == 0:
                 self._evaluate_in_training()
             if args.save_strategy != "no" and ei_step % save_every == 0:
                 self._save_checkpoint(model, trial=None)
+        if self._unlogged_losses:
+            self._log_training()
         self.callback_handler.on_train_end(args, self.state, self.control)
         runtime = time.perf_counter() - start
         metrics = {"train_runtime": runtime, "ei_steps": float(args.n_ei_steps), "ei_kept_total": float(kept_total)}
@@ -211,9 +216,20 @@ class ExpertIterationTrainer(GRPOTrainer):
         metrics = self._metrics["train"]
         metrics["entropy"].append(entropy_sum / max(tokens, 1))
         metrics["step_time"].append(carried_time + time.perf_counter() - began)
-        logs = {"loss": loss, "grad_norm": float(grad_norm), "learning_rate": self.lr_scheduler.get_last_lr()[0]}
-        self.log(logs)
+        self._unlogged_losses.append(loss)
+        self._last_grad_norm = float(grad_norm)
+        if self.state.global_step % int(args.logging_steps) == 0:
+            self._log_training()
         return loss
+
+    def _log_training(self) -> None:
+        """A training log entry: the mean loss of the SFT steps since the last entry, the last step's grad norm and
+        learning rate, and (TRL's `log`) the means of the metrics collected since."""
+        logs = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
+        if self._unlogged_losses:
+            logs.update(loss=sum(self._unlogged_losses) / len(self._unlogged_losses), grad_norm=self._last_grad_norm)
+        self._unlogged_losses = []
+        self.log(logs)
 
     def _evaluate_in_training(self) -> None:
         self.evaluate()
