@@ -1,10 +1,10 @@
 """Validation accuracy during SFT: at every evaluation of TRL's `SFTTrainer`, generate answers to held-out problems
 with the current weights and score them with the reward, as seed 001 asks ("validation accuracy curves").
 
-`ValidatingSFTTrainer` is `trl.SFTTrainer` plus two things:
+`ValidatingSFTTrainer` is `trl.SFTTrainer` plus three things:
 
-1. `evaluate()` runs TRL's (the loss on the validation traces), then `ValidationAccuracy.measure`: the problems'
-   prompts (`trl_ext.tasks`, rendered as `trl-ext eval` renders them) -> completions from the current weights
+1. `evaluate()` runs TRL's (the loss on the validation traces), then `measure_accuracy()`: the problems' prompts
+   (`trl_ext.tasks`, rendered as `trl-ext eval` renders them) -> completions from the current weights
    (`transformers` `generate`, or vLLM through TRL's own `VLLMGeneration`: an engine colocated on the training GPU
    or a `trl vllm-serve` server, the weights pushed before each measurement) -> cut at the stop string / EOS / the
    budget -> reward components (`trl_ext.evaluation.scoring`, the training rewards) -> one log entry with the GRPO
@@ -63,8 +63,8 @@ class ValidationAccuracy:
 
     def __post_init__(self) -> None:
         if self.config.backend not in ("transformers", "vllm"):
-            raise ValueError(f"backend: validation accuracy generates with 'transformers' or 'vllm', not "
-                             f"{self.config.backend!r}")  # fmt: skip
+            backend = self.config.backend
+            raise ValueError(f"backend: validation accuracy generates with 'transformers' or 'vllm', not {backend!r}")
         if self.vllm_mode not in VLLM_MODES:
             raise ValueError(f"vllm_mode: {self.vllm_mode!r}; choose one of {list(VLLM_MODES)}")
         if len(self.config.max_tokens) != 1:
