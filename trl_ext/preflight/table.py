@@ -47,12 +47,16 @@ class TableRow:
 
 
 def grpo_recipes(root: Path = ROOT) -> list[str]:
-    """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT and the
-    shared root defaults aside)."""
-    from trl_ext.recipes import TASK_DEFAULTS
+    """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT, the shared
+    root defaults and the expert-iteration recipes, which name their `task:`, aside)."""
+    from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml
 
     recipes = root / "recipes"
-    return sorted(p.relative_to(recipes).as_posix() for p in recipes.rglob("*.yaml") if p.parent.name in TASK_DEFAULTS)
+    return sorted(
+        p.relative_to(recipes).as_posix()
+        for p in recipes.rglob("*.yaml")
+        if p.parent.name in TASK_DEFAULTS and "task" not in load_recipe_yaml(p)
+    )
 
 
 def pairs(root: Path = ROOT) -> Iterator[tuple[str, str, int]]:
