@@ -231,6 +231,7 @@ def test_sft_recipe_learns_and_logs_the_completion_only_loss(tmp_path):
             "lr_scheduler_type: constant",
             "warmup_steps: 0",
             "eval_strategy: 'no'",
+            "accuracy_backend: none  # the loss only (tests/test_sft_validation.py runs the accuracy)",
             "bf16: false",
             "use_cpu: true",
             "gradient_checkpointing: false",

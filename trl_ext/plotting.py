@@ -2,13 +2,12 @@
 
 `trl-ext plot RUN_DIR...` reads each run's `trainer_state.json` (the run folder's own, or that of its latest
 `checkpoint-N`, whichever has more steps), takes the logged metrics by the table `PANELS` (the first key a run
-has, so TRL's `GRPOTrainer` and `AblationGRPOTrainer` runs plot side by side) and draws one PNG: one panel per
-metric, one line per run, against the optimizer step and against wall-clock time, plus a CSV of every number drawn.
+has, so TRL's `GRPOTrainer`, `AblationGRPOTrainer`, expert-iteration and SFT runs plot side by side) and draws one
+PNG: one panel per metric, one line per run, against each x-axis asked for (`X_AXES`; default the optimizer step and
+wall-clock time), plus a CSV of every number drawn.
 
-Wall-clock time is rebuilt from the log, as `log_history` has no timestamps: TRL logs `step_time` (the mean time
-of the optimizer steps since the previous log), so a train entry adds `step_time * (step - previous train step)`,
-and an evaluation entry adds its `eval_runtime`. Time spent outside steps and evaluation (checkpoint saving,
-start-up) is not counted.
+The x-axes (`step`, `grpo_step`, `validation_step`, `wall_clock`) and how a run's log is read are
+`trl_ext.run_logs`'s.
 
 `--baseline DIR` draws zero-shot reference lines on the validation accuracy panel (`eval_rewards/*/answer_reward`:
 the answer reward without the format bonus): DIR is a `trl-ext eval --recipe ... --max-tokens 256,512,1024` output,
@@ -19,12 +18,22 @@ gets every budget).
 from __future__ import annotations
 
 import csv
-import fnmatch
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
+
+from trl_ext.run_logs import (
+    AXES,
+    RunLog,
+    find_trainer_state,
+    grpo_steps,
+    load_run,
+    metric_key,
+    series,
+    validation_steps,
+    wall_clock,
+)
 
 #: (panel title, candidate log keys in order of preference; `*` matches a reward function's name)
 PANELS: list[tuple[str, list[str]]] = [
@@ -33,91 +42,27 @@ PANELS: list[tuple[str, list[str]]] = [
     ("validation format reward", ["eval_rewards/*/format_reward"]),
     ("validation answer reward", ["eval_rewards/*/answer_reward"]),
     ("entropy", ["entropy"]),
+    ("validation entropy", ["eval_entropy"]),
     ("grad norm", ["grad_norm"]),
     ("clip fraction", ["clip_fraction", "clip_ratio/region_mean"]),
     ("response length (tokens)", ["completions/mean_length"]),
+    ("validation response length (tokens)", ["eval_completions/mean_length"]),
+    ("train loss", ["loss"]),
+    ("validation loss", ["eval_loss"]),
 ]
-X_AXES = ("step", "wall_clock_s")
+#: x-axis name -> (title suffix, axis label); see the module docstring.
+X_AXES: dict[str, tuple[str, str]] = {
+    "step": ("step", "step"),
+    "grpo_step": ("GRPO step", "GRPO steps (EI steps for EI runs)"),
+    "validation_step": ("validation step", "validation step"),
+    "wall_clock": ("wall-clock", "wall-clock (s)"),
+}
+DEFAULT_X_AXES = ("step", "wall_clock")
+__all__ = [
+    "ACCURACY_PANEL", "DEFAULT_X_AXES", "PANELS", "X_AXES", "RunLog", "find_trainer_state", "grpo_steps", "load_run",
+    "metric_key", "plot_pass_at_n", "plot_runs", "series", "validation_steps", "wall_clock",
+]  # fmt: skip
 ACCURACY_PANEL = "validation answer reward"
-
-
-@dataclass
-class RunLog:
-    """One training run's log: `history` is HF Trainer's `log_history` (a list of dicts with `step`)."""
-
-    name: str
-    path: Path
-    history: list[dict]
-    wall_clock: list[float] = field(default_factory=list)  # seconds at each history entry
-
-
-def find_trainer_state(run_dir: str | Path) -> Path:
-    """`trainer_state.json` of a run folder: its own or its latest checkpoint's, whichever reached more steps."""
-    run_dir = Path(run_dir)
-    if run_dir.is_file() and run_dir.name == "trainer_state.json":
-        return run_dir
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run folder not found: {run_dir}")
-    candidates = [run_dir / "trainer_state.json"] if (run_dir / "trainer_state.json").is_file() else []
-    checkpoints = [p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    if checkpoints:
-        latest = max(checkpoints, key=lambda p: int(p.name.split("-")[-1]))
-        if (latest / "trainer_state.json").is_file():
-            candidates.append(latest / "trainer_state.json")
-    if not candidates:
-        raise FileNotFoundError(
-            f"{run_dir}: no trainer_state.json in the folder or its checkpoint-*/ folders "
-            "(save a checkpoint, or call trainer.save_state())"
-        )
-    return max(candidates, key=lambda p: json.loads(p.read_text()).get("global_step", 0))
-
-
-def wall_clock(history: list[dict]) -> list[float]:
-    """Seconds elapsed at each log entry: sum of `step_time * steps` of train entries and `eval_runtime` of
-    evaluation entries up to and including it (see the module docstring)."""
-    elapsed, last_step, out = 0.0, 0, []
-    for entry in history:
-        step = entry.get("step", last_step)
-        if entry.get("step_time") is not None:
-            elapsed += float(entry["step_time"]) * max(step - last_step, 0)
-            last_step = step
-        if entry.get("eval_runtime") is not None:
-            elapsed += float(entry["eval_runtime"])
-        out.append(elapsed)
-    return out
-
-
-def load_run(run_dir: str | Path, name: str | None = None) -> RunLog:
-    """A run's log history and wall clock; `name` defaults to the folder's name (the recipe's run name)."""
-    path = find_trainer_state(run_dir)
-    state = json.loads(path.read_text())
-    history = state.get("log_history")
-    if not isinstance(history, list):
-        raise ValueError(f"{path}: no 'log_history' list")
-    run_root = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
-    return RunLog(name=name or run_root.name, path=run_root, history=history, wall_clock=wall_clock(history))
-
-
-def metric_key(run: RunLog, candidates: list[str]) -> str | None:
-    """The first candidate key (wildcards allowed) that the run logged with a number."""
-    logged = sorted({k for e in run.history for k, v in e.items() if isinstance(v, int | float)})
-    for pattern in candidates:
-        matches = fnmatch.filter(logged, pattern)
-        if matches:
-            return matches[0]
-    return None
-
-
-def series(run: RunLog, key: str) -> tuple[list[float], list[float], list[float]]:
-    """`(steps, wall_clock_s, values)` of one logged key (entries where it is a number)."""
-    steps, times, values = [], [], []
-    for entry, t in zip(run.history, run.wall_clock, strict=True):
-        value = entry.get(key)
-        if isinstance(value, int | float) and value == value:  # NaN-free
-            steps.append(entry.get("step", 0))
-            times.append(t)
-            values.append(float(value))
-    return steps, times, values
 
 
 def _unique_names(runs: list[RunLog]) -> None:
@@ -136,34 +81,48 @@ def plot_runs(
     panels: list[tuple[str, list[str]]] | None = None,
     csv_path: str | Path | None = None,
     baseline: str | Path | None = None,
+    x_axes: tuple[str, ...] | list[str] = DEFAULT_X_AXES,
 ):
-    """Draw every panel for every run against step (top row of each pair) and wall-clock time.
+    """Draw every panel for every run against each of `x_axes`.
 
     Args:
         run_dirs: training output folders (or `trainer_state.json` files).
         output: the PNG to write.
         labels: legend names, one per run (default: folder names).
         panels: `(title, candidate keys)` pairs (default `PANELS`); panels no run logged are left out.
-        csv_path: the numbers drawn, long format `run,panel,key,step,wall_clock_s,value` (default: `output`
-            with `.csv`).
+        csv_path: the numbers drawn, long format `run,panel,key,step,grpo_step,validation_step,wall_clock_s,value`
+            (default: `output` with `.csv`; an x-axis's cell is empty where the entry has none).
         baseline: a `trl-ext eval` output folder (or its `summary.json`): its accuracy at each run's budget is drawn
             as a dashed horizontal line labelled `zero-shot L<budget>` on the validation answer reward panel, and
             written to the CSV with key `zero-shot accuracy`.
+        x_axes: names of `X_AXES`, in the order of the rows.
 
     Returns:
-        The matplotlib figure. Axes are titled `"<panel> vs step"` / `"<panel> vs wall-clock"` and hold one line
-        per run that logged the panel's metric, labelled with the run's name.
+        The matplotlib figure: one block of rows per x-axis, in `x_axes` order, holding the panels with points on
+        that axis. Axes are titled `"<panel> vs <x-axis title>"` (`vs step`, `vs GRPO step`, `vs validation step`,
+        `vs wall-clock`) and hold one line per run with points on that axis, labelled with the run's name.
+
+    Raises:
+        ValueError: an unknown x-axis, or one no run has a value on (e.g. `grpo_step` for runs without a record).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    x_axes = tuple(x_axes)
+    unknown = [axis for axis in x_axes if axis not in X_AXES]
+    if unknown or not x_axes:
+        raise ValueError(f"x-axis {unknown or '(none)'}: choose from {', '.join(X_AXES)}")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels: {len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
     if labels is None:
         _unique_names(runs)
+    for axis in x_axes:
+        if not any(v is not None for run in runs for v in run.x[axis]):
+            why = " (GRPO runs need the trl_ext_run.json the recipes write)" if axis == "grpo_step" else ""
+            raise ValueError(f"x-axis {axis}: none of the runs has values on it{why}")
     panels = PANELS if panels is None else panels
     references = baseline_lines(baseline, runs) if baseline is not None else []
     keyed = [(title, [(run, metric_key(run, cands)) for run in runs]) for title, cands in panels]
@@ -171,33 +130,40 @@ def plot_runs(
     if not keyed:
         raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
 
-    ncols = 4
-    nrows = 2 * ((len(keyed) + ncols - 1) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     rows_csv = []
-    for i, (title, pairs) in enumerate(keyed):
-        row, col = 2 * (i // ncols), i % ncols
-        for j, x_name in enumerate(X_AXES):
-            ax = axes[row + j][col]
-            ax.set_title(f"{title} vs {'step' if x_name == 'step' else 'wall-clock'}", fontsize=9)
-            ax.set_xlabel("step" if x_name == "step" else "wall-clock (s)", fontsize=8)
+    for title, pairs in keyed:
+        for run, key in pairs:
+            if key is not None:
+                xs, values = series(run, key)
+                rows_csv += [_csv_row(run.name, title, key, x, v) for x, v in zip(xs, values, strict=True)]
+        if title == ACCURACY_PANEL:
+            rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
+    # One block of rows per x-axis, holding the panels with points on that axis (train panels have no validation step).
+    cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
+    ncols = 4
+    blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
+    nrows = sum(-(-n // ncols) for n in blocks)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    row = 0
+    for axis, count in zip(x_axes, blocks, strict=True):
+        suffix, x_label = X_AXES[axis]
+        for i, (_, title, pairs) in enumerate(cell for cell in cells if cell[0] == axis):
+            ax = axes[row + i // ncols][i % ncols]
+            ax.set_visible(True)
+            ax.set_title(f"{title} vs {suffix}", fontsize=9)
+            ax.set_xlabel(x_label, fontsize=8)
             for run, key in pairs:
-                if key is None:
-                    continue
-                steps, times, values = series(run, key)
-                ax.plot(steps if x_name == "step" else times, values, marker=".", label=run.name)
-                if j == 0:
-                    rows_csv += [(run.name, title, key, s, t, v) for s, t, v in zip(steps, times, values, strict=True)]
+                points = _points(run, key, axis)
+                if points:
+                    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label=run.name)
             if title == ACCURACY_PANEL:
                 for budget, accuracy in references:
                     ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
-                    if j == 0:
-                        rows_csv.append((f"zero-shot L{budget}", title, "zero-shot accuracy", "", "", accuracy))
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
-    for k in range(len(keyed), (nrows // 2) * ncols):
-        axes[2 * (k // ncols)][k % ncols].set_visible(False)
-        axes[2 * (k // ncols) + 1][k % ncols].set_visible(False)
+        row += -(-count // ncols)
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -205,9 +171,25 @@ def plot_runs(
     csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "panel", "key", "step", "wall_clock_s", "value"])
+        writer.writerow(["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value"])
         writer.writerows(rows_csv)
     return fig
+
+
+def _points(run: RunLog, key: str | None, axis: str) -> list[tuple[float, float]]:
+    if key is None:
+        return []
+    xs, values = series(run, key)
+    return [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+
+
+def _has_points(pairs: list[tuple[RunLog, str | None]], axis: str) -> bool:
+    return any(_points(run, key, axis) for run, key in pairs)
+
+
+def _csv_row(run: str, panel: str, key: str, x: dict, value: float) -> tuple:
+    cells = ["" if x[axis] is None else x[axis] for axis in AXES]
+    return (run, panel, key, *cells, value)
 
 
 def load_baseline(path: str | Path) -> dict[int, float]:
@@ -291,11 +273,18 @@ def register(app: typer.Typer) -> None:
             help="A `trl-ext eval --recipe` output folder: zero-shot accuracy lines on the validation accuracy panel "
             "(each run at its max_completion_length).",
         ),
+        x: str = typer.Option(
+            ",".join(DEFAULT_X_AXES),
+            "--x",
+            help=f"Comma-separated x-axes, one row each: {', '.join(X_AXES)} (GRPO step: rollout batch, or EI step).",
+        ),
     ) -> None:
-        """Training curves (reward, validation reward, entropy, grad norm, clip fraction, length) vs step and time."""
+        """Training curves (rewards, validation accuracy, entropy, response length, grad norm, clip fraction, losses)
+        of several runs against optimizer step, GRPO step, validation step or wall-clock time."""
         names = [s.strip() for s in labels.split(",")] if labels else None
+        axes = [a.strip() for a in x.split(",") if a.strip()]
         try:
-            plot_runs(run_dirs, output, labels=names, baseline=baseline)
+            plot_runs(run_dirs, output, labels=names, baseline=baseline, x_axes=axes)
         except (FileNotFoundError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
         typer.echo(f"wrote {output} and {Path(output).with_suffix('.csv')}")

@@ -66,10 +66,14 @@ class TableRow:
 
 
 def grpo_recipes(root: Path = ROOT) -> list[str]:
-    """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT and the
-    shared root defaults aside)."""
+    """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT, the shared
+    root defaults and the expert-iteration recipes, which name their `task:`, aside)."""
     recipes = root / "recipes"
-    return sorted(p.relative_to(recipes).as_posix() for p in recipes.rglob("*.yaml") if p.parent.name in TASK_DEFAULTS)
+    return sorted(
+        p.relative_to(recipes).as_posix()
+        for p in recipes.rglob("*.yaml")
+        if p.parent.name in TASK_DEFAULTS and "task" not in load_recipe_yaml(p)
+    )
 
 
 def model_recipes(root: Path = ROOT) -> dict[str, str]:

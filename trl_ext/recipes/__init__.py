@@ -8,7 +8,8 @@ dataclass defaults < base YAML < child YAML < command-line flags.
 The entry points follow open-r1's `src/open_r1/grpo.py`, one helper per step: `parse_recipe_args` ->
 `load_grpo_datasets` (`trl_ext.tasks`) -> `get_reward_funcs` (`trl_ext.rewards`) -> `build_grpo_trainer`
 (`AblationGRPOTrainer`; TRL loads the model from `model_name_or_path`) -> `train_save_evaluate` (train, save,
-final evaluation on the validation split). Data and names are checked before any model loads.
+final evaluation on the validation split). Data and names are checked before any model loads. The expert-iteration
+recipe (`expert_iteration`) goes the same way with `ExpertIterationTrainer`.
 
 Modules: `yaml_chain` (`base:` chains), `stated` (the fields a recipe states), `arguments` (script-argument
 dataclasses, task defaults), `parsing` (the parser and the values derived after parsing), `entry` (parse -> check
@@ -20,12 +21,14 @@ Top-level imports are stdlib only; torch / TRL / datasets load inside the functi
 from trl_ext.recipes.arguments import (
     SFT_DEFAULT_DATASET,
     TASK_DEFAULTS,
+    EIScriptArguments,
     GRPOScriptArguments,
     SFTScriptArguments,
     apply_task_defaults,
 )
 from trl_ext.recipes.data import load_grpo_datasets, load_sft_dataset, load_sft_datasets
 from trl_ext.recipes.entry import ParsedRecipe, entry_preflight, parse_recipe, preflight_recipe
+from trl_ext.recipes.expert_iteration import build_ei_trainer, parse_ei_args, run_expert_iteration_recipe
 from trl_ext.recipes.parsing import (
     VLLM_ONLY_GENERATION_KWARGS,
     adapt_generation_kwargs,
@@ -48,6 +51,7 @@ from trl_ext.recipes.yaml_chain import BASE_KEY, RecipeError, load_recipe_yaml, 
 
 __all__ = [
     "BASE_KEY",
+    "EIScriptArguments",
     "GRPOScriptArguments",
     "ParsedRecipe",
     "RecipeError",
@@ -58,6 +62,7 @@ __all__ = [
     "adapt_generation_kwargs",
     "add_rollout_logging",
     "apply_task_defaults",
+    "build_ei_trainer",
     "build_grpo_trainer",
     "build_sft_trainer",
     "cli_overrides",
@@ -71,9 +76,11 @@ __all__ = [
     "model_init_kwargs",
     "optimizer_steps_per_rollout",
     "parse_recipe",
+    "parse_ei_args",
     "parse_recipe_args",
     "preflight_recipe",
     "resolve_max_steps",
+    "run_expert_iteration_recipe",
     "run_grpo_recipe",
     "run_sft_recipe",
     "stated_values",

@@ -137,6 +137,41 @@ class SFTScriptArguments:
         default="train[-1024:]", metadata={"help": "Validation split of eval_source; 'none' disables validation."}
     )
     eval_limit: int | None = field(default=1024, metadata={"help": "Validate on the first N examples."})
+    accuracy_backend: str = field(
+        default="none",
+        metadata={
+            "help": "Validation accuracy at every evaluation (besides the loss): generate answers with 'vllm' (TRL's "
+            "engine, accuracy_vllm_mode) or 'transformers' and score them with the reward; 'none': loss only.",
+            "choices": ["none", "transformers", "vllm"],
+        },
+    )
+    accuracy_task: str = field(default="math", metadata={"help": "Task of the accuracy problems (trl_ext.tasks)."})
+    accuracy_source: str | None = field(
+        default=None, metadata={"help": "Accuracy problems: a local .jsonl/.parquet file; None: the task's hub set."}
+    )
+    accuracy_split: str = field(default="test", metadata={"help": "Split of the accuracy problems (MATH: MATH-500)."})
+    accuracy_limit: int | None = field(default=None, metadata={"help": "Measure on the first N problems (all: None)."})
+    accuracy_prompt: str = field(
+        default="intellect", metadata={"help": "Prompt of the accuracy problems (the traces' own: intellect)."}
+    )
+    accuracy_chat: bool = field(
+        default=True, metadata={"help": "Render the accuracy prompts with the tokenizer's chat template (as traced)."}
+    )
+    accuracy_max_tokens: int = field(default=2048, metadata={"help": "Generation budget (seed 001: 2048)."})
+    accuracy_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0: greedy (seed 001)."})
+    accuracy_batch_size: int = field(
+        default=64, metadata={"help": "Sequences per generate() call (accuracy_backend transformers)."}
+    )
+    accuracy_vllm_mode: str = field(
+        default="colocate",
+        metadata={
+            "help": "accuracy_backend vllm: 'colocate' (an engine on the training GPU) or 'server' (trl vllm-serve).",
+            "choices": ["colocate", "server"],
+        },
+    )
+    accuracy_vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of the GPU of the colocated engine (accuracy_vllm_mode colocate)."}
+    )
     final_eval: bool = field(default=True, metadata={"help": "Evaluate after training and save eval metrics."})
     resume: bool = field(
         default=False,
@@ -144,6 +179,17 @@ class SFTScriptArguments:
             "help": "Continue the last checkpoint in output_dir. Without it a non-empty output_dir is an error (never "
             "a silent resume); with it, output_dir must hold a run of the same config (trl_ext_run.json)."
         },
+    )
+
+
+@dataclass
+class EIScriptArguments(GRPOScriptArguments):
+    """The expert-iteration recipe's fields (`trl_ext.recipes.expert_iteration`): a GRPO recipe's plus the task,
+    which an EI recipe names itself (one entry point serves every task). `n_grpo_steps` and `resume` do not apply
+    (EI counts `n_ei_steps` and cannot resume: setting them is an error); `rollout_log_steps` counts SFT steps."""
+
+    task: str | None = field(
+        default=None, metadata={"help": f"The task whose problems and rewards to use: one of {sorted(TASK_DEFAULTS)}."}
     )
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trl_ext.preflight.batch import derive_gradient_accumulation
 from trl_ext.preflight.environment import world_size_from_env
-from trl_ext.recipes.arguments import GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
+from trl_ext.recipes.arguments import EIScriptArguments, GRPOScriptArguments, SFTScriptArguments, apply_task_defaults
 from trl_ext.recipes.stated import cli_overrides
 from trl_ext.recipes.yaml_chain import RecipeError, load_recipe_yaml_with_sources
 
@@ -197,7 +197,7 @@ def pop_config_flag(args: list[str]) -> str | None:
 
 
 def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = None):
-    """The recipe parser for `kind` ("grpo" or "sft"): (script args, training config, `trl.ModelConfig`)."""
+    """The recipe parser for `kind` ("grpo", "sft" or "ei"): (script args, training config, `trl.ModelConfig`)."""
     from trl import ModelConfig, SFTConfig
 
     if kind == "grpo":
@@ -206,8 +206,12 @@ def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = 
         types = (GRPOScriptArguments, AblationGRPOConfig, ModelConfig)
     elif kind == "sft":
         types = (SFTScriptArguments, SFTConfig, ModelConfig)
+    elif kind == "ei":
+        from trl_ext.expert_iteration.config import ExpertIterationConfig
+
+        types = (EIScriptArguments, ExpertIterationConfig, ModelConfig)
     else:
-        raise ValueError(f"kind={kind!r}; choose 'grpo' or 'sft'")
+        raise ValueError(f"kind={kind!r}; choose 'grpo', 'sft' or 'ei'")
     epilog = (
         "--config YAML: a recipe (recipes/<task>/*.yaml) whose keys are the flags above; `base: other.yaml` "
         "inherits from another recipe; command-line flags override the YAML."

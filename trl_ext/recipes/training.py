@@ -40,8 +40,11 @@ def add_rollout_logging(trainer, every_n_steps: int):
     return callback
 
 
-def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset):
-    """`AblationGRPOTrainer` for a parsed recipe; TRL loads the model from `model_name_or_path`."""
+def build_grpo_trainer(
+    script_args, training_args, model_args, reward_funcs, train_dataset, eval_dataset, trainer_class=None
+):
+    """`AblationGRPOTrainer` (or `trainer_class`, a `GRPOTrainer` subclass such as `ExpertIterationTrainer`) for a
+    parsed recipe; TRL loads the model from `model_name_or_path`."""
     from trl import get_peft_config, get_quantization_config
 
     from trl_ext.trainer import AblationGRPOTrainer
@@ -51,7 +54,7 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
     if eval_dataset is None and training_args.eval_strategy != "no":
         logger.warning("no validation split: eval_strategy %r turned off", str(training_args.eval_strategy))
         training_args.eval_strategy = "no"
-    trainer = AblationGRPOTrainer(
+    trainer = (trainer_class or AblationGRPOTrainer)(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -64,21 +67,81 @@ def build_grpo_trainer(script_args, training_args, model_args, reward_funcs, tra
     return trainer
 
 
-def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset):
-    """`trl.SFTTrainer` for a parsed SFT recipe; TRL loads the model from `model_name_or_path`."""
-    from trl import SFTTrainer, get_peft_config, get_quantization_config
+ACCURACY_FIELDS = {
+    "task": "accuracy_task", "data_file": "accuracy_source", "split": "accuracy_split", "limit": "accuracy_limit",
+    "prompt": "accuracy_prompt", "chat": "accuracy_chat", "max_tokens": "accuracy_max_tokens",
+    "temperature": "accuracy_temperature", "batch_size": "accuracy_batch_size",
+}  # fmt: skip
+_VLLM_ACCURACY_FIELDS = ("accuracy_vllm_mode", "accuracy_vllm_gpu_memory_utilization")
+
+
+def validation_accuracy(script_args, training_args):
+    """The SFT recipe's validation-accuracy settings (`accuracy_*` fields) with their problems loaded, or None for
+    `accuracy_backend: none`. Runs before the model loads: a bad field or data file fails here.
+
+    Raises:
+        RecipeError: an `accuracy_*` field the chosen backend ignores, or one `trl_ext.evaluation.EvalConfig`
+            refuses (named), or a problem set that does not load.
+    """
+    from dataclasses import fields
+
+    from trl_ext.evaluation import EvalConfig, ground_truth_of, load_problems, reward_name_for
+    from trl_ext.recipes.arguments import SFTScriptArguments
+    from trl_ext.sft_validation import ValidationAccuracy
+
+    backend = script_args.accuracy_backend
+    defaults = {f.name: f.default for f in fields(SFTScriptArguments)}
+    ignored = {
+        "none": [*ACCURACY_FIELDS.values(), *_VLLM_ACCURACY_FIELDS],
+        "transformers": list(_VLLM_ACCURACY_FIELDS),
+        "vllm": ["accuracy_batch_size"],
+    }.get(backend)
+    if ignored is None:
+        raise RecipeError(f"accuracy_backend={backend!r}; choose none, transformers or vllm")
+    for name in ignored:
+        if getattr(script_args, name) != defaults[name]:
+            raise RecipeError(f"{name}={getattr(script_args, name)!r} has no effect with accuracy_backend={backend!r}")
+    if backend == "none":
+        return None
+    if str(script_args.eval_split).lower() in ("none", "no", "") or str(training_args.eval_strategy) == "no":
+        raise RecipeError(
+            f"accuracy_backend={backend!r} measures at the evaluations: give an eval_split and an eval_strategy"
+        )
+    settings = {key: getattr(script_args, name) for key, name in ACCURACY_FIELDS.items()}
+    try:
+        config = EvalConfig(model="(the policy)", backend=backend, seed=training_args.seed, ns=(1,), **settings)
+        prompts, rows = load_problems(config)
+        return ValidationAccuracy(
+            config=config,
+            prompts=prompts,
+            ground_truths=[ground_truth_of(config.task, row) for row in rows],
+            reward=reward_name_for(config.task, config.prompt, config.reward),
+            vllm_mode=script_args.accuracy_vllm_mode,
+            vllm_gpu_memory_utilization=script_args.accuracy_vllm_gpu_memory_utilization,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        raise RecipeError(f"validation accuracy (accuracy_* fields): {err}") from err
+
+
+def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, accuracy=None):
+    """`trl_ext.sft_validation.ValidatingSFTTrainer` (TRL's SFTTrainer, plus validation accuracy when `accuracy`
+    is given, and `step_time`) for a parsed SFT recipe; TRL loads the model from `model_name_or_path`."""
+    from trl import get_peft_config, get_quantization_config
+
+    from trl_ext.sft_validation import ValidatingSFTTrainer
 
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     if eval_dataset is None and training_args.eval_strategy != "no":
         training_args.eval_strategy = "no"
-    return SFTTrainer(
+    return ValidatingSFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
+        accuracy=accuracy,
     )
 
 
@@ -131,7 +194,8 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
 
 
 def run_sft_recipe(argv: Sequence[str] | None = None) -> dict[str, float]:
-    """The SFT recipe end to end: parse -> output_dir / resume and wandb checks -> traces -> SFTTrainer -> train."""
+    """The SFT recipe end to end: parse -> output_dir / resume and wandb checks -> traces and accuracy problems ->
+    ValidatingSFTTrainer -> train (loss and, with `accuracy_backend`, accuracy at every evaluation) -> save."""
     import sys
 
     from trl_ext.recipes.data import load_sft_datasets
@@ -139,8 +203,9 @@ def run_sft_recipe(argv: Sequence[str] | None = None) -> dict[str, float]:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args, training_args, model_args = parse_recipe_args("sft", argv)
     plan, record = sft_entry_preflight(argv, (script_args, training_args, model_args))
-    # The traces are checked before the model loads: a bad file or row fails in seconds.
+    # The traces and the accuracy problems are checked before the model loads: a bad file or row fails in seconds.
     train_dataset, eval_dataset = load_sft_datasets(script_args)
-    trainer = build_sft_trainer(training_args, model_args, train_dataset, eval_dataset)
+    accuracy = validation_accuracy(script_args, training_args)
+    trainer = build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, accuracy)
     write_run_record(trainer, training_args.output_dir, record)
     return train_save_evaluate(trainer, training_args, script_args, script_args.dataset_source, plan.checkpoint)
