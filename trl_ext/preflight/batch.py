@@ -329,6 +329,24 @@ def suggest_batch_fixes(values: Mapping[str, Any], world_size: int) -> list[str]
     return fixes
 
 
+def micro_batch_choices(values: Mapping[str, Any], world_size: int) -> dict[int, int]:
+    """`{per_device_train_batch_size: gradient_accumulation_steps}` for every split of the recipe's completions per
+    optimizer step on `world_size` that `check_batches` accepts (rollout split included); empty if the recipe's own
+    layout fails."""
+    layout, _ = check_batches(values, world_size)
+    if layout is None:
+        return {}
+    per_process = layout.train_batch_size // world_size
+    choices = {}
+    for per_device in range(1, per_process + 1):
+        if per_process % per_device:
+            continue
+        ga = per_process // per_device
+        if _works(values, {"per_device_train_batch_size": per_device, "gradient_accumulation_steps": ga}, world_size):
+            choices[per_device] = ga
+    return choices
+
+
 def plan_batches(values: Mapping[str, Any], world_size: int) -> BatchLayout:
     """`check_batches`, raising `PreflightError` whose problems carry fixes (see `suggest_batch_fixes`)."""
     layout, problems = check_batches(values, world_size)

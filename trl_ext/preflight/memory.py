@@ -38,11 +38,21 @@ the weight dtype, layer internals in bf16 under autocast): `4 H x res + 2 x (3 q
 checkpointing only each layer's input (`N x H x res`) is kept, plus two layers' worth during recomputation. A
 no-grad forward (validation) holds one layer at a time: `2 H x res + 2 x (2 q + 2 kv + 3 I)` per token.
 
-Log-prob head: TRL 1.16 never builds the `(tokens, vocab)` logits (`trl.kernels.ChunkedLogProbFunction`): it
-projects tiles of 4096 tokens x 32768 vocabulary entries and, in the backward, accumulates the LM head's gradient in
-fp32 (`V x H x 4` bytes; 1.2 GiB for Qwen3's 151,936 x 2048) plus fp32 gradients of the scored hidden states.
-Materialised fp32 logits would cost `tokens x V x 4` (Qwen3-1.7B, 2 x 1024 completion tokens: 1.2 GiB; 256 x 1024
-in one validation batch: 148 GiB); the estimate reports that number for reference.
+Log-prob head: TRL 1.16 never builds the `(tokens, vocab)` logits (`trl.kernels.ChunkedLogProbFunction`, which
+`GRPOTrainer._get_per_token_logps_and_entropies` calls with `fused_lm_head=True` on the padded layout, and
+`trl_ext.packing` on the packed one): it projects tiles of 4096 tokens x 32768 vocabulary entries and, in the backward,
+accumulates the LM head's gradient in fp32 (`V x H x 4` bytes; 1.2 GiB for Qwen3's 151,936 x 2048) plus fp32 gradients
+of the scored hidden states. Materialised fp32 logits would cost `tokens x V x 4` (Qwen3-1.7B, 2 x 1024 completion
+tokens: 1.2 GiB; 256 x 1024 in one validation batch: 148 GiB); the estimate reports that number for reference, and
+counts it instead of the tile when `TrainingSetup.chunked_logprobs` is False.
+
+Padding-free (`padding_free`, issue 24): a micro-batch's rows are packed into one sequence of their real tokens, so
+its activations and scored hidden states follow `b x (prompt + E)` tokens, E the completion length a row is expected
+to have (`expected_completion_tokens`; unset: `EXPECTED_COMPLETION_FRACTION x max_completion_length`), instead of
+`b x (prompt + max_completion_length)`. The prompt stays the task's longest (conservative). That is an expected
+micro-batch, not a bound: one whose completions all reach `max_completion_length` packs as many tokens as the padded
+layout, so the estimate notes that worst case (the padded estimate) beside it. The validation forward runs through the
+same packed log-prob path and gets the same `E`.
 """
 
 from __future__ import annotations
@@ -57,6 +67,11 @@ RUNTIME_OVERHEAD_GIB = 1.5
 # trl/kernels/chunked_logprob.py (TRL 1.16): TOKEN_CHUNK_SIZE, and _CHUNKED_LOGPROB_CHUNK_SIZE in trl/trainer/utils.py.
 LOGPROB_TOKEN_CHUNK = 4096
 LOGPROB_VOCAB_CHUNK = 32768
+# Completion length a padding-free estimate assumes per row when none is stated, as a fraction of
+# max_completion_length: Countdown and MATH rollouts have a median well under half the limit and a tail to it
+# (issue 24: median ~250 of 1024), so half is a stated, deliberately generous guess; state the real mean with
+# `--expected_completion_tokens` once a run has logged `completions/mean_length`.
+EXPECTED_COMPLETION_FRACTION = 0.5
 PRECISIONS = ("fp32_master", "pure_bf16")
 GENERATORS = ("server", "colocate", "transformers")
 # Optimizer name (HF `optim`) -> (bytes of state per trainable parameter given the weight bytes, foreach temporary).
@@ -112,6 +127,12 @@ class TrainingSetup:
         gradient_checkpointing: recompute layer internals in the backward.
         micro_batch: `per_device_train_batch_size`.
         prompt_tokens, completion_tokens: longest prompt and `max_completion_length` (batches are padded to them).
+        padding_free: each micro-batch's rows are packed into one sequence of their real tokens (module docstring).
+        expected_completion_tokens: completion tokens a row is expected to have when `padding_free` (None:
+            `EXPECTED_COMPLETION_FRACTION x completion_tokens`); ignored without `padding_free`.
+        chunked_logprobs: log-probs in `(logprob_token_chunk, LOGPROB_VOCAB_CHUNK)` tiles (TRL 1.16's fused head,
+            both layouts); False counts materialised fp32 logits of the scored tokens instead.
+        logprob_token_chunk: scored tokens per log-prob tile.
         eval_batch: `per_device_eval_batch_size` (0: no validation), eval_generations: completions per prompt.
         generator: `server` (vLLM on other GPUs), `colocate` (vLLM on this GPU), `transformers` (`generate`).
         generation_batch: completions one process generates at once with the transformers backend.
@@ -137,6 +158,20 @@ class TrainingSetup:
     vllm_gpu_memory_utilization: float = 0.3
     vllm_sleep: bool = False
     gpu_memory_gib: float | None = None
+    padding_free: bool = False
+    expected_completion_tokens: int | None = None
+    chunked_logprobs: bool = True
+    logprob_token_chunk: int = LOGPROB_TOKEN_CHUNK
+
+    @property
+    def row_completion_tokens(self) -> int:
+        """Completion tokens per row that a micro-batch's memory follows: `max_completion_length` when padded, the
+        expected length when padding-free (at most `max_completion_length`)."""
+        if not self.padding_free:
+            return self.completion_tokens
+        if self.expected_completion_tokens is not None:
+            return min(self.expected_completion_tokens, self.completion_tokens)
+        return max(1, round(EXPECTED_COMPLETION_FRACTION * self.completion_tokens))
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -145,6 +180,10 @@ class TrainingSetup:
             raise ValueError(f"generator={self.generator!r}; choose one of {GENERATORS}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage}; choose 0, 1, 2 or 3")
+        if self.expected_completion_tokens is not None and self.expected_completion_tokens < 1:
+            raise ValueError(f"expected_completion_tokens={self.expected_completion_tokens}; give a positive count")
+        if self.logprob_token_chunk < 1:
+            raise ValueError(f"logprob_token_chunk={self.logprob_token_chunk}; give a positive count")
 
 
 @dataclass(frozen=True)
@@ -235,15 +274,15 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
         buckets = grads
 
     residual = 2 if weight_bytes == 2 else 4
-    tokens = setup.micro_batch * (setup.prompt_tokens + setup.completion_tokens)
+    completion = setup.row_completion_tokens  # max_completion_length, or the expected length when padding-free
+    tokens = setup.micro_batch * (setup.prompt_tokens + completion)
     per_layer = _activation_bytes_per_token_layer(shape, residual)
     if setup.gradient_checkpointing:
         activations = tokens * (shape.num_layers * shape.hidden_size * residual + 2 * per_layer)
     else:
         activations = tokens * shape.num_layers * per_layer
-    scored = setup.micro_batch * setup.completion_tokens
-    head_grad = 0 if lora else shape.embedding_params * 4
-    logprob_head = head_grad + scored * shape.hidden_size * (4 + residual) + _tile_bytes(scored)
+    scored = setup.micro_batch * completion
+    logprob_head = _logprob_head_bytes(shape, setup, scored, residual, lora)
 
     vllm_share = 0.0
     if setup.generator == "colocate":
@@ -275,12 +314,12 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
     phases = {"train": train, "optimizer step": step, "generation": generation}
     if setup.eval_batch:
         eval_sequences = setup.eval_batch * setup.eval_generations
-        eval_tokens = eval_sequences * (setup.prompt_tokens + setup.completion_tokens)
-        eval_scored = eval_sequences * setup.completion_tokens
+        eval_tokens = eval_sequences * (setup.prompt_tokens + completion)
+        eval_scored = eval_sequences * completion
         # TRL's prediction_step runs the loss forward on the whole batch without gradients: one layer's internals,
         # the residual stream in and out, the scored hidden states and one head tile at a time.
         forward = eval_tokens * _forward_bytes_per_token(shape, residual)
-        forward += eval_scored * shape.hidden_size * residual + _tile_bytes(eval_scored)
+        forward += eval_scored * shape.hidden_size * residual + _head_tile_bytes(shape, setup, eval_scored)
         phases["eval"] = {
             **resident,
             **_generator_bytes(shape, setup, eval_sequences, vllm_share),
@@ -289,12 +328,41 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
     notes = []
     if setup.generator == "colocate" and setup.gpu_memory_gib is None:
         notes.append("colocated vLLM share not counted: GPU memory unknown (pass --gpu-memory-gb)")
+    if setup.padding_free:
+        worst = estimate_memory(shape, replace(setup, padding_free=False))
+        notes.append(
+            f"padding-free: {setup.micro_batch} x ({setup.prompt_tokens} + {completion} expected) tokens per "
+            f"micro-batch; {worst.peak_gib:.1f} GiB if every completion of one reaches {setup.completion_tokens} "
+            "(the padded estimate)"
+        )
     return MemoryEstimate(phases=phases, full_logits_bytes=float(scored * shape.vocab_size * 4), notes=tuple(notes))
 
 
-def _tile_bytes(scored_tokens: int) -> float:
-    """One `(tokens, vocab)` tile of TRL's chunked log-prob kernel in bf16."""
-    return float(min(scored_tokens, LOGPROB_TOKEN_CHUNK) * LOGPROB_VOCAB_CHUNK * 2)
+def _head_tile_bytes(shape: ModelShape, setup: TrainingSetup, scored_tokens: int) -> float:
+    """One `(tokens, vocab)` tile of TRL's chunked log-prob kernel in bf16, or the materialised fp32 logits of every
+    scored token when `chunked_logprobs` is off."""
+    if not setup.chunked_logprobs:
+        return float(scored_tokens * shape.vocab_size * 4)
+    return float(min(scored_tokens, setup.logprob_token_chunk) * min(LOGPROB_VOCAB_CHUNK, shape.vocab_size) * 2)
+
+
+def _logprob_head_bytes(shape: ModelShape, setup: TrainingSetup, scored: int, residual: int, lora: bool) -> float:
+    """The training log-prob head: TRL's fp32 LM-head gradient accumulator (chunked kernel, full fine-tuning), fp32
+    gradients and a copy of the scored hidden states, and one tile (or the full logits; `_head_tile_bytes`)."""
+    head_grad = 0 if (lora or not setup.chunked_logprobs) else shape.embedding_params * 4
+    return float(head_grad + scored * shape.hidden_size * (4 + residual) + _head_tile_bytes(shape, setup, scored))
+
+
+def largest_fitting_micro_batch(
+    shape: ModelShape, setup: TrainingSetup, budget_gib: float, candidates: list[int]
+) -> tuple[int, MemoryEstimate] | None:
+    """The largest micro-batch of `candidates` (the ones the batch arithmetic allows) whose estimate fits
+    `budget_gib`, with that estimate; None when none fits."""
+    for micro_batch in sorted(set(candidates), reverse=True):
+        estimate = estimate_memory(shape, replace(setup, micro_batch=micro_batch))
+        if estimate.peak_gib <= budget_gib:
+            return micro_batch, estimate
+    return None
 
 
 def _generator_bytes(shape: ModelShape, setup: TrainingSetup, sequences: int, vllm_share: float) -> dict[str, float]:

@@ -12,11 +12,11 @@ start. `Preflight.render()` is the plan the recipe entry points and `trl-ext lau
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trl_ext.preflight.batch import BatchLayout, check_batches, suggest_batch_fixes
+from trl_ext.preflight.batch import BatchLayout, check_batches, micro_batch_choices, suggest_batch_fixes
 from trl_ext.preflight.context import RunContext
 from trl_ext.preflight.disk import DiskPlan, plan_disk, saves_during_run
 from trl_ext.preflight.environment import (
@@ -28,7 +28,14 @@ from trl_ext.preflight.environment import (
     resolve_wandb,
     world_size_from_env,
 )
-from trl_ext.preflight.memory import MemoryEstimate, TrainingSetup, estimate_memory, knobs_to_fit
+from trl_ext.preflight.memory import (
+    LOGPROB_TOKEN_CHUNK,
+    MemoryEstimate,
+    TrainingSetup,
+    estimate_memory,
+    knobs_to_fit,
+    largest_fitting_micro_batch,
+)
 from trl_ext.preflight.models import ModelShape, load_model_shape
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
@@ -91,7 +98,11 @@ def _two_byte_dtype(model_args) -> str | None:
 
 
 def training_setup(task: str, script_args, args, model_args, layout: BatchLayout, context: RunContext):
-    """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator)."""
+    """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator).
+
+    `padding_free` and `logprob_chunk_size` are read with `getattr` (absent: padded, TRL's 4096-token tiles), and
+    `expected_completion_tokens` from the script arguments (absent or None: the memory module's default fraction).
+    """
     two_byte = _two_byte_dtype(model_args) is not None
     if args.use_vllm:
         generator = "server" if args.vllm_mode == "server" else "colocate"
@@ -115,6 +126,9 @@ def training_setup(task: str, script_args, args, model_args, layout: BatchLayout
         vllm_gpu_memory_utilization=float(args.vllm_gpu_memory_utilization),
         vllm_sleep=bool(args.vllm_enable_sleep_mode),
         gpu_memory_gib=context.gpu_memory_gib or context.memory_limit_gib,
+        padding_free=bool(getattr(args, "padding_free", False)),
+        expected_completion_tokens=getattr(script_args, "expected_completion_tokens", None),
+        logprob_token_chunk=int(getattr(args, "logprob_chunk_size", None) or LOGPROB_TOKEN_CHUNK),
     )
 
 
@@ -161,7 +175,8 @@ def check_recipe(
     problems = report.problems
     _placement(report, args)
 
-    layout, batch_problems = check_layout(_batch_values(stated, script_args, args), context.world_size)
+    values = _batch_values(stated, script_args, args)
+    layout, batch_problems = check_layout(values, context.world_size)
     problems += batch_problems
     if layout is not None:
         report.layout = layout
@@ -178,7 +193,7 @@ def check_recipe(
                 )
             )
         _sleep(report, args, layout)
-        _memory(report, task, script_args, args, model_args, layout)
+        _memory(report, task, script_args, args, model_args, layout, values)
         if report.estimate is not None:
             _disk(report, task, script_args, args, model_args, layout)
     _semantics(report, script_args, args, model_args)
@@ -223,7 +238,9 @@ def _placement(report: Preflight, args) -> None:
     report.lines.append(line)
 
 
-def _memory(report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout) -> None:
+def _memory(
+    report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout, values: Mapping[str, Any]
+) -> None:
     context = report.context
     shape, source = load_model_shape(model_args.model_name_or_path or "")
     if shape is None:
@@ -237,7 +254,7 @@ def _memory(report: Preflight, task: str, script_args, args, model_args, layout:
     limit = context.memory_limit_gib
     report.lines.append(
         f"memory:  {shape.name}: {shape.params / 1e9:.2f} B parameters ({source}); {setup.precision}, "
-        f"{setup.optim}, micro-batch {setup.micro_batch} x ({setup.prompt_tokens} + {setup.completion_tokens}) tokens"
+        f"{setup.optim}, micro-batch {setup.micro_batch} x ({setup.prompt_tokens} + {_completion(setup)}) tokens"
     )
     report.lines += [f"         {line}" for line in estimate.render()]
     if limit is None:
@@ -245,6 +262,8 @@ def _memory(report: Preflight, task: str, script_args, args, model_args, layout:
         return
     source = f" ({context.limit_source})" if context.limit_source else ""
     report.lines.append(f"         limit {_gib(limit)} GiB {where}{source}")
+    if setup.padding_free:
+        report.lines.append(_micro_batch_pick(shape, setup, limit, values, context.world_size))
     if estimate.peak_gib > limit:
         knobs = knobs_to_fit(shape, setup, limit)
         fix = "; or ".join(k.render() for k in knobs) if knobs else "more GPUs with zero3.yaml, or a smaller model"
@@ -256,6 +275,34 @@ def _memory(report: Preflight, task: str, script_args, args, model_args, layout:
                 fix,
             )
         )
+
+
+def _completion(setup: TrainingSetup) -> str:
+    """The completion tokens per row the estimate assumes, and where that number comes from."""
+    if not setup.padding_free:
+        return str(setup.completion_tokens)
+    given = setup.expected_completion_tokens is not None
+    how = "--expected_completion_tokens" if given else "default half of it; state --expected_completion_tokens"
+    return f"{setup.row_completion_tokens} expected of {setup.completion_tokens}, padding-free: {how}"
+
+
+def _micro_batch_pick(
+    shape: ModelShape, setup: TrainingSetup, limit: float, values: Mapping[str, Any], world_size: int
+) -> str:
+    """The plan's line: the largest micro-batch the batch arithmetic allows whose padding-free estimate fits."""
+    choices = micro_batch_choices(values, world_size)
+    pick = largest_fitting_micro_batch(shape, setup, limit, list(choices))
+    if pick is None:
+        return f"pick:    padding-free: no micro-batch of {sorted(choices)} fits {_gib(limit)} GiB"
+    micro_batch, estimate = pick
+    worst = estimate_memory(shape, replace(setup, micro_batch=micro_batch, padding_free=False))
+    padded = largest_fitting_micro_batch(shape, replace(setup, padding_free=False), limit, list(choices))
+    return (
+        f"pick:    padding-free on {_gib(limit)} GiB: --per_device_train_batch_size {micro_batch} "
+        f"--gradient_accumulation_steps {choices[micro_batch]} (largest micro-batch the batch arithmetic allows "
+        f"that fits: {estimate.peak_gib:.1f} GiB expected, {worst.peak_gib:.1f} GiB if all its completions reach "
+        f"{setup.completion_tokens}; padded, the largest that fits is {padded[0] if padded else 'none'})"
+    )
 
 
 def _sleep(report: Preflight, args, layout: BatchLayout) -> None:

@@ -36,6 +36,7 @@ IGNORED_FIELDS = frozenset(
         "report_to",
         "logging_steps",
         "gpu_memory_gb",
+        "expected_completion_tokens",
         "vllm_server_host",
         "vllm_server_port",
         "vllm_server_base_url",

@@ -112,6 +112,14 @@ class GRPOScriptArguments:
             "(default: the training GPU's memory); the error lists the knobs that would make the plan fit."
         },
     )
+    expected_completion_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completion tokens a row is expected to have, for the preflight's memory estimate of a "
+            "padding_free run (its micro-batches pack real tokens only). Default: half of max_completion_length. "
+            "Planning only: training does not read it."
+        },
+    )
 
 
 @dataclass
