@@ -34,6 +34,7 @@ from trl_ext.axes import (
     resolve_axes,
 )
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
+from trl_ext.packing import PACKABLE_ATTENTION
 from trl_ext.preflight.environment import world_size_from_env as _world_size
 from trl_ext.sampling import check_dynamic_sampling_config
 
@@ -59,6 +60,8 @@ class AblationGRPOConfig(GRPOConfig):
             optional, mapped onto TRL's fields.
         skip_zero_advantage_completions: leave completions with advantage exactly 0 out of the loss's forward and
             backward (same loss and gradient, less compute; see `AblationGRPOTrainer`).
+        padding_free: pack each micro-batch's rows into one sequence without padding for the log-prob forwards
+            (policy, old policy, reference); same loss and gradients (see `trl_ext.packing`).
 
     `train_batch_size` replaces HF's read-only `TrainingArguments.train_batch_size` property (per-device batch x
     n_gpu) on this class: here it is the seeds' completions per optimizer step; `AblationGRPOTrainer` resets
@@ -181,6 +184,23 @@ class AblationGRPOConfig(GRPOConfig):
         },
     )
 
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "Pack each micro-batch's prompt+completion rows into one sequence without padding for the "
+            "log-prob forwards (policy, old policy and reference): position_ids restart at 0 for every row, no "
+            "attention mask. The micro-batch keeps its rows, so the loss, its gradients, every reduction and the "
+            "logged metrics are unchanged (to float rounding); the forward and backward run over the batch's real "
+            "tokens instead of rows x longest, so per_device_train_batch_size can grow (and GA shrink) within the "
+            "same memory. Log-probs and entropies go through TRL's fused LM head in both layouts (tiles of 4096 "
+            "tokens x 32768 vocabulary entries, never a (tokens, vocab) tensor). Needs attention eager, sdpa, "
+            "flex_attention or flash_attention_2/3/4 (transformers separates the packed sequences by their "
+            "position_ids) and a text-only model whose layers all attend; refused otherwise. Generation is "
+            "unchanged. TRL's SFTConfig / DPOConfig padding_free are the same idea for their trainers; GRPOConfig "
+            "has none."
+        },
+    )
+
     def __post_init__(self):
         self._resolve_axes()
         self._map_seed_batch_fields()
@@ -190,6 +210,17 @@ class AblationGRPOConfig(GRPOConfig):
         check_skip_zero_advantage(self)
         self._check_vespo_sampler_correction()
         check_dynamic_sampling_config(self)
+        self._check_padding_free()
+
+    def _check_padding_free(self):
+        # The model's own attention is checked by the trainer; this catches a recipe that asks for another one.
+        attention = (self.model_init_kwargs or {}).get("attn_implementation")
+        if self.padding_free and attention is not None and attention not in PACKABLE_ATTENTION:
+            raise ValueError(
+                f"padding_free=True needs an attention implementation that separates packed sequences by "
+                f"position_ids ({', '.join(PACKABLE_ATTENTION)}), but model_init_kwargs.attn_implementation="
+                f"{attention!r}; choose one of those or set padding_free=False"
+            )
 
     def _resolve_axes(self):
         resolved = resolve_axes(self)

@@ -28,6 +28,7 @@ from trl_ext.objectives import (
     entropy_bonus,
     policy_objective,
 )
+from trl_ext.packing import pack_rows, packing_problem, unpack_per_token
 from trl_ext.sampling import ROW_ENTRIES, DynamicSamplingMixin, loss_mask, trim_padding
 from trl_ext.vllm_sync import install_colocate_weight_sync
 
@@ -105,6 +106,12 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
       `skip_zero_advantage_completions`, the completions whose advantage is 0 are dropped first (same loss and
       gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
       `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
+    - `_get_per_token_logps_and_entropies`: TRL's own unless `padding_free`; then each forward's rows are packed
+      into one sequence (`trl_ext.packing.pack_rows`: real tokens only, position_ids restarting per row, no
+      attention mask) for TRL's fused LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)`
+      layout. TRL calls it for the policy, the old policy and the reference model, so all three are packed.
+      `__init__` refuses `padding_free` for a processor (multimodal) or a model that cannot pack
+      (`trl_ext.packing.packing_problem`).
 
     `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
     rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
@@ -131,6 +138,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
                 "trl_ext.AblationGRPOConfig (it accepts every trl.GRPOConfig field)"
             )
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        if args.padding_free:
+            problem = packing_problem(self.model.config, is_multimodal=self._is_vlm)
+            if problem is not None:
+                raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
@@ -188,6 +199,67 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
         self._metrics[mode]["advantages/std"].append(advantages.std().item() if advantages.numel() > 1 else 0.0)
         return output
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **forward_kwargs,
+    ):
+        """TRL's log-probs `(B, T)`, entropies `(B, T)` or None, and MoE aux loss; with `padding_free`, each chunk of
+        `batch_size` rows runs as one packed sequence (`trl_ext.packing`) through TRL's fused LM head.
+
+        Args:
+            input_ids, attention_mask: `(B, P + T)`, prompts left-padded and completions right-padded.
+            logits_to_keep: `T`.
+            batch_size: rows per forward (TRL passes the per-device batch for the old / reference log-probs).
+            forward_kwargs: TRL's multimodal entries (must all be None with `padding_free`).
+        """
+        if not self.args.padding_free:
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **forward_kwargs,
+            )
+        given = sorted(key for key, value in forward_kwargs.items() if value is not None)
+        if given:
+            raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies, aux_losses = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            packed = pack_rows(
+                input_ids[start : start + batch_size], attention_mask[start : start + batch_size], logits_to_keep
+            )
+            extra = {"output_router_logits": True} if compute_aux_loss else {}
+            with self.accelerator.autocast():
+                # No attention mask: transformers separates the sequences where position_ids restart at 0.
+                outputs = model(
+                    input_ids=packed.input_ids,
+                    position_ids=packed.position_ids,
+                    labels=packed.labels,
+                    fused_lm_head=True,
+                    **extra,
+                )
+            logps.append(unpack_per_token(outputs.log_probs, packed, logits_to_keep))
+            if compute_entropy:
+                entropies.append(unpack_per_token(outputs.entropy, packed, logits_to_keep))
+            if compute_aux_loss:
+                aux_losses.append(outputs.aux_loss)
+        return (
+            torch.cat(logps, dim=0),
+            torch.cat(entropies, dim=0) if compute_entropy else None,
+            torch.stack(aux_losses).mean() if compute_aux_loss else None,
+        )
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         """Mean over all processes' loss tokens of `x` `(B, T)`, or over sequences for a `(B, 1)` `x` (as TRL)."""

@@ -1,0 +1,276 @@
+"""`padding_free`: each micro-batch's rows packed into one sequence give the same loss, gradients and metrics.
+
+The packed path (`trl_ext.packing` + `AblationGRPOTrainer._get_per_token_logps_and_entropies`) against the padded
+one, which is TRL 1.16's own `_get_per_token_logps_and_entropies` (itself checked against stock `GRPOTrainer` in
+test_trainer_equivalence.py). Per case two trainers are built from the same keywords, `padding_free` off and on;
+both generate with the same seed (the old and reference log-probs TRL computes there go through the packed path
+too), the completions are cut to ragged lengths (0 to 8 tokens: the random policy rarely stops by itself) and the
+stored old / reference log-probs recomputed by each trainer's own method, both policies are perturbed identically,
+then one optimizer step's work runs: 16 completions as gradient_accumulation_steps = 2 micro-batches. Run with `-s`
+for the table of differences.
+
+Bugs caught: position_ids that do not restart per row (a row attends to the rows packed before it: logits move by
+~0.5), a packed forward with the KV cache on (transformers then ignores the packing), labels or scatter off by one
+token (log-probs of the wrong tokens), values left at padded positions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+from test_sampling import DATA, equal_or_varied_reward
+from test_trainer_helpers import (
+    PROMPTS,
+    generate,
+    group_inputs,
+    id_reward,
+    make_trainer,
+    max_rel_diff,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    perturb_,
+    prompt_dataset,
+    saved_tiny_model,
+    tiny_model,
+    tiny_moe_model,
+    window_loss_and_grads,
+)
+
+from trl_ext import AblationGRPOConfig
+from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
+from trl_ext.packing import pack_rows, packing_problem, unpack_per_token
+from trl_ext.tiny import build_tiny_qwen3
+
+LOSS_ATOL, GRAD_RTOL = 1e-6, 1e-5
+LOGP_ATOL = 1e-5  # packed vs padded log-probs of one forward: measured <= 1e-6
+STEP = dict(num_iterations=2, gradient_accumulation_steps=2)  # old log-probs stored; 2 micro-batches per step
+ON_POLICY = dict(num_iterations=1, gradient_accumulation_steps=2)  # the -A logp losses ignore old log-probs
+# Completion lengths after the cut, one per row (two micro-batches of 8): empty, 1 token and full rows in both.
+LENGTHS = [8, 1, 5, 0, 3, 8, 2, 6, 7, 4, 8, 1, 5, 0, 6, 2]
+METRICS = ("entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+           "cispo_clip_ratio", "vespo/phi_seq_mean", "policy_loss", "entropy_coef", "aux_loss")  # fmt: skip
+
+CASES = {
+    **{f"loss_type={name}": dict(loss_type=name) for name in ("grpo", "dr_grpo", "dapo", "bnpo", "sapo", "vespo")},
+    "loss_type=cispo": dict(loss_type="cispo", epsilon_high=1.05),
+    "loss_type=luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
+    **{f"advantage_type={name}": dict(advantage_type=name) for name in ADVANTAGE_TYPES},
+    **{f"pg_loss_type={name}": dict(pg_loss_type=name, **ON_POLICY) for name in ("no_baseline", "reinforce")},
+    "pg_loss_type=reinforce_with_baseline": dict(pg_loss_type="reinforce_with_baseline", **ON_POLICY),
+    **{f"pg_loss_type={name}": dict(pg_loss_type=name) for name in ("grpo_clip", "grpo_no_clip", "gspo", "luspo")},
+    "pg_loss_type=cispo": dict(pg_loss_type="cispo", epsilon_high=5.0),
+    "pg_loss_type=sapo": dict(pg_loss_type="sapo"),
+    "pg_loss_type=vespo": dict(pg_loss_type="vespo"),
+    **{f"length_normalization={name}": dict(length_normalization=name) for name in LENGTH_NORMALIZATIONS},
+    "num_iterations=1 (on-policy)": dict(ON_POLICY),
+    "beta=0.04 (reference forward)": dict(beta=0.04, loss_type="grpo"),
+    "skip_zero_advantage_completions": dict(skip_zero_advantage_completions=True, loss_type="grpo"),
+    "dynamic_sampling": dict(dynamic_sampling=True),
+    "temperature=0.7": dict(temperature=0.7, loss_type="grpo"),
+    "entropy_coef=0.01": dict(entropy_coef=0.01),
+    "top_entropy_quantile=0.2": dict(top_entropy_quantile=0.2),
+    "MoE aux loss": dict(),
+}
+PERTURBATION = {"loss_type=luspo": 0.5, "pg_loss_type=luspo": 0.5, "pg_loss_type=gspo": 0.5}
+
+
+def _models(case, tokenizer, tmp_path):
+    if case == "MoE aux loss":
+        return tiny_moe_model(tokenizer), tiny_moe_model(tokenizer)
+    if not case.startswith("beta"):
+        return tiny_model(tokenizer), tiny_model(tokenizer)
+    off = saved_tiny_model(tokenizer, tmp_path / "ref")  # TRL loads the reference model from this path
+    on = tiny_model(tokenizer)
+    on.config._name_or_path = off.config._name_or_path
+    return off, on
+
+
+@torch.no_grad()
+def _ragged_(trainer, batch) -> None:
+    """Cut the completions to `LENGTHS` (padding after), then recompute the stored old / reference log-probs as TRL
+    does (per-device batches), by the trainer's own method: packed when `padding_free`."""
+    mask = batch["completion_mask"] * (torch.arange(8) < torch.tensor(LENGTHS).unsqueeze(1))
+    batch["completion_mask"] = mask
+    batch["completion_ids"] = batch["completion_ids"].masked_fill(mask == 0, trainer.processing_class.pad_token_id)
+    batch["num_items_in_batch"] = mask.sum()
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], mask], dim=1)
+    size = trainer.args.per_device_train_batch_size
+    for key, model in (("old_per_token_logps", trainer.model), ("ref_per_token_logps", trainer.ref_model)):
+        if key in batch:
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, 8, size)
+            batch[key] = logps
+
+
+def _pair(tokenizer, tmp_path, case):
+    """Trainers with `padding_free` off and on, their (equal) sampled batches made ragged, policies perturbed."""
+    kwargs = {**STEP, **CASES[case]}
+    reward, dataset, prompts = id_reward, prompt_dataset(), PROMPTS[:4]
+    if case == "dynamic_sampling":
+        # Half the prompts' groups get equal rewards: the sampler draws more batches and keeps the varied groups.
+        reward, dataset, prompts = equal_or_varied_reward, Dataset.from_dict({"prompt": DATA * 4}), DATA[:4]
+    models = _models(case, tokenizer, tmp_path)
+    trainers, batches = [], []
+    for flag, model in zip((False, True), models, strict=True):
+        trainer = make_trainer(
+            tokenizer, tmp_path / str(flag), model=model, reward=reward, dataset=dataset, padding_free=flag, **kwargs
+        )
+        trainers.append(trainer)
+        batches.append(generate(trainer, group_inputs(prompts, group_size=4)))
+    off, on = batches
+    assert torch.equal(off["completion_ids"], on["completion_ids"])
+    for key in ("old_per_token_logps", "ref_per_token_logps"):  # TRL's generation-time forwards, packed
+        assert (key in off) == (key in on)
+        if key in off:
+            torch.testing.assert_close(on[key], off[key], atol=LOGP_ATOL, rtol=0)
+    for trainer, batch in zip(trainers, batches, strict=True):
+        _ragged_(trainer, batch)
+        if case == "skip_zero_advantage_completions":
+            batch["advantages"] = batch["advantages"].masked_fill(torch.arange(16) < 4, 0.0)  # group 0 skipped
+        perturb_(trainer.model, scale=PERTURBATION.get(case, 0.05))
+    return trainers, batches
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_padding_free_matches_padded(char_tokenizer, tmp_path, case):
+    (off, on), (batch_off, batch_on) = _pair(char_tokenizer, tmp_path, case)
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        if key in batch_off:  # recomputed on the ragged rows, packed vs padded
+            torch.testing.assert_close(batch_on[key], batch_off[key], atol=LOGP_ATOL, rtol=0)
+    assert off.args.padding_free is False and on.args.padding_free is True
+    loss_off, grads_off = window_loss_and_grads(off, batch_off)
+    loss_on, grads_on = window_loss_and_grads(on, batch_on)
+
+    assert max(g.abs().max().item() for g in grads_off.values()) > 1e-3  # a real gradient to compare
+    loss_diff = abs(loss_on.item() - loss_off.item())
+    grad_rel = max_rel_diff(grads_on, grads_off)
+    print(f"\n[padding_free] {case:40s} loss {loss_off.item():+.6f} |dloss| {loss_diff:.1e} max rel {grad_rel:.1e}")
+    assert loss_diff <= LOSS_ATOL
+    assert grad_rel <= GRAD_RTOL
+    logged = 0
+    for name in METRICS:
+        theirs, mine = off._metrics["train"].get(name), on._metrics["train"].get(name)
+        assert bool(theirs) == bool(mine), name  # both log it, or neither
+        if theirs:
+            logged += 1
+            assert mine[-2:] == pytest.approx(theirs[-2:], rel=1e-5, abs=1e-7), name
+    assert logged >= 1  # at least the entropy
+    if case == "dynamic_sampling":  # equal-reward groups were dropped and more batches generated
+        assert on._metrics["train"]["dynamic_sampling/generation_batches"][-1] > 1
+    if case == "MoE aux loss":
+        assert on.aux_loss_enabled and min(on._metrics["train"]["aux_loss"]) > 0.5
+    if case == "dynamic_sampling":  # equal-reward groups were dropped and more batches generated
+        assert on._metrics["train"]["dynamic_sampling/generation_batches"][-1] > 1
+
+
+# The packed forward itself, and the log-prob function against TRL's and against full logits.
+
+
+def _ragged_rows(vocab: int, seed: int = 0):
+    """5 rows: prompts left-padded to 6 (lengths 6, 3, 1, 4, 2), completions right-padded to 9 (9, 2, 5, 0, 7)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lengths, completion_lengths, p, t = [6, 3, 1, 4, 2], [9, 2, 5, 0, 7], 6, 9
+    mask = torch.zeros(5, p + t, dtype=torch.long)
+    for row, (n_p, n_c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        mask[row, p - n_p : p + n_c] = 1
+    input_ids = torch.randint(7, vocab, (5, p + t), generator=gen).masked_fill(mask == 0, 0)
+    return input_ids, mask, t
+
+
+def test_pack_rows_by_hand():
+    input_ids = torch.tensor([[0, 5, 6, 7, 0], [8, 9, 3, 4, 2]])  # prompt columns 0-1, completion columns 2-4
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    packed = pack_rows(input_ids, mask, logits_to_keep=3)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 3, 4, 2]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert packed.labels.tolist() == [[-100, 6, 7, -100, -100, 3, 4, 2]]
+    assert packed.index.tolist() == [1, 2, 3, 5, 6, 7, 8, 9]
+    # values[k - 1] belongs to packed token k; back to (B, T) over the completion columns, 0 at padding.
+    values = torch.tensor([[10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]])
+    assert unpack_per_token(values, packed, 3).tolist() == [[10.0, 11.0, 0.0], [14.0, 15.0, 16.0]]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_forward_equals_padded_forward(char_tokenizer, attention):
+    model = build_tiny_qwen3(char_tokenizer, seed=0)  # 2 layers, 4 heads
+    model.config._attn_implementation = attention
+    input_ids, mask, t = _ragged_rows(len(char_tokenizer))
+    packed = pack_rows(input_ids, mask, t)
+    with torch.no_grad():
+        padded = model(input_ids=input_ids, attention_mask=mask).logits.flatten(0, 1)[packed.index]  # (N, V)
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits[0]
+        no_restart = model(input_ids=packed.input_ids, use_cache=False).logits[0]
+        with_cache = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=True).logits[0]
+    diff = (logits - padded).abs().max().item()
+    print(f"\n[padding_free] {attention}: packed vs padded logits max |diff| {diff:.1e}")
+    assert diff < 1e-5
+    # Each bug lets a row attend to the rows packed before it.
+    assert (no_restart - padded).abs().max() > 0.1
+    assert (with_cache - padded).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_and_entropies_equal_trls_on_ragged_rows(char_tokenizer, tmp_path, temperature):
+    """Ours packed, in chunks of 2 rows, against TRL's `_get_per_token_logps_and_entropies` (the trainer with
+    `padding_free` off calls it) and against full logits / temperature -> log_softmax; gradients too."""
+    trainers = [
+        make_trainer(char_tokenizer, tmp_path / str(flag), padding_free=flag, temperature=temperature)
+        for flag in (False, True)
+    ]
+    input_ids, mask, t = _ragged_rows(len(char_tokenizer), seed=1)
+    results = []
+    for trainer in trainers:
+        model = trainer.model
+        model.zero_grad(set_to_none=True)
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            model, input_ids, mask, t, batch_size=2, compute_entropy=True
+        )
+        weights = torch.linspace(-1.0, 1.0, logps.numel()).view_as(logps)
+        ((logps * weights).sum() + (entropies * weights.flip(0)).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logps.detach(), entropies.detach(), grads))
+    (logps_trl, ent_trl, grads_trl), (logps, ent, grads) = results
+    completion = mask[:, -t:].bool()
+    assert (logps[~completion] == 0).all() and (ent[~completion] == 0).all()
+    torch.testing.assert_close(logps, logps_trl, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent, ent_trl, atol=1e-6, rtol=0)
+    assert max_rel_diff(grads, grads_trl) < GRAD_RTOL
+
+    with torch.no_grad():  # independent reference: full (B, T, V) logits of the padded forward
+        logits = trainers[0].model(input_ids=input_ids, attention_mask=mask).logits[:, -t - 1 : -1] / temperature
+        full = torch.log_softmax(logits.float(), dim=-1)
+        ref_logps = full.gather(-1, input_ids[:, -t:].unsqueeze(-1)).squeeze(-1) * completion
+        ref_ent = -(full.exp() * full).sum(-1) * completion
+    torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+
+
+# Refusals, before training starts.
+
+
+def test_refuses_an_attention_that_cannot_pack(char_tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"padding_free=True.*'paged\|sdpa'"):
+        AblationGRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", padding_free=True,
+            model_init_kwargs={"attn_implementation": "paged|sdpa"},
+        )  # fmt: skip
+    model = tiny_model(char_tokenizer)
+    model.config._attn_implementation = "paged|sdpa"  # vLLM-style paged kernels: no packed-sequence mask
+    with pytest.raises(ValueError, match=r"padding_free=True cannot be used here: attention implementation"):
+        make_trainer(char_tokenizer, tmp_path, model=model, padding_free=True)
+    make_trainer(char_tokenizer, tmp_path / "off", model=model, padding_free=False)  # the default is untouched
+
+
+def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_path):
+    config = tiny_model(char_tokenizer).config
+    assert packing_problem(config) is None
+    config.layer_types = ["linear_attention"]  # e.g. Qwen3-Next's Gated DeltaNet layers carry state
+    assert "linear_attention layers" in packing_problem(config)
+    assert "multimodal" in packing_problem(tiny_model(char_tokenizer).config, is_multimodal=True)
+
+    trainer = make_trainer(char_tokenizer, tmp_path, padding_free=True)
+    input_ids, mask, t = _ragged_rows(len(char_tokenizer))
+    with pytest.raises(ValueError, match=r"padding_free=True cannot pack a multimodal batch.*pixel_values"):
+        trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, mask, t, pixel_values=torch.zeros(5, 3, 4, 4)
+        )
