@@ -4,7 +4,9 @@ identical parameters on both ranks after the optimizer steps.
 The estimator is reinforce_pp: a group baseline, then whitening over every completion of the step weighted by its
 length, so an advantage is right only if both ranks' rewards and lengths were gathered, in rank order, before the
 slice. The expectation is a plain-Python loop (verl's formula), not the function under test.
-Bugs caught: statistics over the local rank only, lengths not gathered, a slice off by a rank."""
+Bugs caught: statistics over the local rank only, lengths not gathered, a slice off by a rank.
+After training, one more batch per rank with `padding_free` off and on (issue 24): the same loss, all-reduced
+gradients and reduced entropy through the DDP-wrapped model."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ WORKER = textwrap.dedent(
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
             self.records.append({{
+                "inputs": inputs,
                 "prompts": [x["prompt"] for x in inputs],
                 "gathered": self._gathered_rewards[:, 0].tolist(),
                 "advantages": out["advantages"].tolist(),
@@ -54,9 +57,35 @@ WORKER = textwrap.dedent(
     trainer.train()
     params = {{n: p.detach().tolist() for n, p in trainer.model.named_parameters()}}
     moved = max((p.detach() - initial[n]).abs().max().item() for n, p in trainer.model.named_parameters())
+
+    # padding_free off vs on: one more batch per rank, completions cut to ragged lengths, the loss through the
+    # DDP-wrapped model (gradients all-reduced, the entropy metric and token counts reduced over both ranks).
+    trainer.model.train()
+    torch.manual_seed(3)
+    batch = AblationGRPOTrainer._generate_and_score_completions(trainer, trainer.records[-1]["inputs"])
+    mask = batch["completion_mask"]
+    cut = torch.arange(mask.size(1)) < torch.tensor([8, 1, 5, 0, 3, 8, 2, 6][: mask.size(0)]).unsqueeze(1)
+    batch["completion_mask"] = mask * cut
+    padded = {{}}
+    for flag in (False, True):
+        trainer.args.padding_free = flag
+        trainer.model_wrapped.zero_grad(set_to_none=True)
+        trainer.current_gradient_accumulation_steps = 1
+        loss = trainer._compute_loss(trainer.model_wrapped, batch)
+        loss.backward()
+        grads = {{n: p.grad.clone() for n, p in trainer.model.named_parameters()}}
+        padded[flag] = (loss.item(), grads, trainer._metrics["train"]["entropy"][-1])
+    (loss_off, grads_off, ent_off), (loss_on, grads_on, ent_on) = padded[False], padded[True]
+    padding_free = {{
+        "wrapped": type(trainer.model_wrapped).__name__, "loss": loss_off, "loss_diff": abs(loss_on - loss_off),
+        "grad_max": max(g.abs().max().item() for g in grads_off.values()),
+        "grad_rel": max(((grads_on[n] - g).abs().max() / g.abs().max().clamp(min=1e-12)).item()
+                        for n, g in grads_off.items()),
+        "entropy": [ent_off, ent_on],
+    }}
     with open(os.path.join(out_dir, f"rank{{rank}}.json"), "w") as f:
         json.dump({{"records": trainer.records, "params": params, "moved": moved,
-                   "num_processes": trainer.accelerator.num_processes}}, f)
+                   "num_processes": trainer.accelerator.num_processes, "padding_free": padding_free}}, f)
     """
 )
 
@@ -99,3 +128,13 @@ def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
     assert ranks[0]["moved"] > 1e-3  # the optimizer did move the weights
     for name, value in ranks[0]["params"].items():
         assert value == ranks[1]["params"][name], name  # DDP kept the replicas bit-identical
+
+    # padding_free (issue 24) under DDP: the same loss, all-reduced gradients and reduced entropy as padded.
+    for rank in ranks:
+        pf = rank["padding_free"]
+        print(f"\n[padding_free] 2 processes: loss {pf['loss']:+.6f} |dloss| {pf['loss_diff']:.1e} "
+              f"max rel grad {pf['grad_rel']:.1e}")  # fmt: skip
+        assert pf["wrapped"] == "DistributedDataParallel"
+        assert pf["grad_max"] > 1e-3 and pf["loss_diff"] <= 1e-6 and pf["grad_rel"] <= 1e-5
+        assert pf["entropy"][1] == pytest.approx(pf["entropy"][0], rel=1e-5)
+    assert ranks[0]["padding_free"]["entropy"] == ranks[1]["padding_free"]["entropy"]  # reduced over both ranks
