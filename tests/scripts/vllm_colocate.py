@@ -6,7 +6,8 @@ log-probs the engine returned for the sampled tokens, a plain forward's log-prob
 weights that sampled them, and TRL's importance-sampling ratio; and, before training and after the last step's
 weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model; and, for
 tests/test_finished.py's rule, completions the engine stopped with stop strings (with and without the stop string
-in the text) with vLLM's own finish reasons.
+in the text) with vLLM's own finish reasons; and per generation, the loss and gradients of the batch with
+`padding_free` off and on.
 """
 
 from __future__ import annotations
@@ -51,7 +52,38 @@ def engine_logps(llm, prompt_ids: list[int], completion_ids: list[int]) -> list[
     return [pos[tok].logprob for pos, tok in zip(positions, completion_ids, strict=True)]
 
 
-def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, **config):
+def padding_free_check(trainer, batch) -> dict:
+    """`trainer._compute_loss` of `batch` (the engine's completions, with TRL's importance-sampling ratio) and its
+    gradients with `padding_free` off and on (issue 24). `torch.autograd.grad` and restored metrics leave the training
+    step's gradients and logs as they were."""
+    import copy
+
+    import torch
+
+    metrics, flag = copy.deepcopy(trainer._metrics), trainer.args.padding_free
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    results = []
+    try:
+        for padding_free in (False, True):
+            trainer.args.padding_free = padding_free
+            loss = trainer._compute_loss(trainer.model, batch)
+            results.append((loss.item(), torch.autograd.grad(loss, params)))
+    finally:
+        trainer.args.padding_free, trainer._metrics = flag, metrics
+    (loss_off, grads_off), (loss_on, grads_on) = results
+    return {
+        "loss": loss_off,
+        "loss_diff": abs(loss_on - loss_off),
+        "grad_max": max(g.abs().max().item() for g in grads_off),
+        "grad_rel": max(
+            ((on - off).abs().max() / off.abs().max().clamp(min=1e-12)).item()
+            for on, off in zip(grads_on, grads_off, strict=True)
+        ),
+        "tokens": (batch["prompt_mask"].sum(dim=1) + batch["completion_mask"].sum(dim=1)).tolist(),
+    }
+
+
+def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, check_padding_free=False, **config):
     """An `AblationGRPOTrainer` in vLLM colocate mode (importance-sampling correction on) on a tiny Qwen3 saved under
     `out_dir`, `prompts * 4` as its dataset and `config` on top of the shared settings, that records every batch it
     generates.
@@ -99,7 +131,10 @@ def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, **co
                 )
             metrics = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("dynamic_sampling/")}
             rewards = self._gathered_rewards[:, 0].tolist()
-            records.append({"step": self.state.global_step, "rows": rows, "rewards": rewards, "metrics": metrics})
+            record = {"step": self.state.global_step, "rows": rows, "rewards": rewards, "metrics": metrics}
+            if check_padding_free:
+                record["padding_free"] = padding_free_check(self, batch)
+            records.append(record)
             return batch
 
     args = AblationGRPOConfig(
@@ -151,7 +186,7 @@ def stopped_completions(llm, tokenizer) -> list[dict]:
 
 
 def main(out_dir: Path, steps: int) -> None:
-    trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward)
+    trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward, check_padding_free=True)
     model, tokenizer, llm = trainer.model, trainer.processing_class, trainer.vllm_generation.llm
     fixed_prompt = tokenizer(FIXED_PROMPT, add_special_tokens=False)["input_ids"]
     fixed = tokenizer(FIXED_COMPLETION, add_special_tokens=False)["input_ids"]
