@@ -70,6 +70,7 @@ CASES = {
     "entropy_coef=0.01": dict(entropy_coef=0.01),
     "top_entropy_quantile=0.2": dict(top_entropy_quantile=0.2),
     "MoE aux loss": dict(),
+    "Qwen3 vocabulary (5 tiles of TRL's LM head)": dict(loss_type="grpo"),
 }
 PERTURBATION = {"loss_type=luspo": 0.5, "pg_loss_type=luspo": 0.5, "pg_loss_type=gspo": 0.5}
 
@@ -89,7 +90,8 @@ def _models(case, tokenizer, tmp_path):
 def _ragged_(trainer, batch) -> None:
     """Cut the completions to `LENGTHS` (padding after), then recompute the stored old / reference log-probs as TRL
     does (per-device batches), by the trainer's own method: packed when `padding_free`."""
-    mask = batch["completion_mask"] * (torch.arange(8) < torch.tensor(LENGTHS).unsqueeze(1))
+    width = batch["completion_ids"].size(1)
+    mask = batch["completion_mask"] * (torch.arange(width) < torch.tensor(LENGTHS).unsqueeze(1))
     batch["completion_mask"] = mask
     batch["completion_ids"] = batch["completion_ids"].masked_fill(mask == 0, trainer.processing_class.pad_token_id)
     batch["num_items_in_batch"] = mask.sum()
@@ -98,7 +100,7 @@ def _ragged_(trainer, batch) -> None:
     size = trainer.args.per_device_train_batch_size
     for key, model in (("old_per_token_logps", trainer.model), ("ref_per_token_logps", trainer.ref_model)):
         if key in batch:
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, 8, size)
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, width, size)
             batch[key] = logps
 
 
@@ -132,8 +134,10 @@ def _pair(tokenizer, tmp_path, case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_padding_free_matches_padded(char_tokenizer, tmp_path, case):
-    (off, on), (batch_off, batch_on) = _pair(char_tokenizer, tmp_path, case)
+def test_padding_free_matches_padded(char_tokenizer, qwen3_tokenizer, tmp_path, case):
+    # The real 151,669-token vocabulary: TRL's fused LM head folds it in 5 tiles of 32,768 (the char vocabulary: 1).
+    tokenizer = qwen3_tokenizer if case.startswith("Qwen3") else char_tokenizer
+    (off, on), (batch_off, batch_on) = _pair(tokenizer, tmp_path, case)
     for key in ("old_per_token_logps", "ref_per_token_logps"):
         if key in batch_off:  # recomputed on the ragged rows, packed vs padded
             torch.testing.assert_close(batch_on[key], batch_off[key], atol=LOGP_ATOL, rtol=0)
