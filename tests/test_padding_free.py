@@ -16,6 +16,9 @@ token (log-probs of the wrong tokens), values left at padded positions.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import torch
 from datasets import Dataset
@@ -36,7 +39,7 @@ from test_trainer_helpers import (
     window_loss_and_grads,
 )
 
-from trl_ext import AblationGRPOConfig
+from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 from trl_ext.packing import pack_rows, packing_problem, unpack_per_token
 from trl_ext.tiny import build_tiny_qwen3
@@ -71,6 +74,7 @@ CASES = {
     "top_entropy_quantile=0.2": dict(top_entropy_quantile=0.2),
     "MoE aux loss": dict(),
     "Qwen3 vocabulary (5 tiles of TRL's LM head)": dict(loss_type="grpo"),
+    "PEFT LoRA, beta=0.04 (reference: adapter off)": dict(beta=0.04, loss_type="grpo"),
 }
 PERTURBATION = {"loss_type=luspo": 0.5, "pg_loss_type=luspo": 0.5, "pg_loss_type=gspo": 0.5}
 
@@ -98,10 +102,17 @@ def _ragged_(trainer, batch) -> None:
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], mask], dim=1)
     size = trainer.args.per_device_train_batch_size
-    for key, model in (("old_per_token_logps", trainer.model), ("ref_per_token_logps", trainer.ref_model)):
-        if key in batch:
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        if key not in batch:
+            continue
+        model, context = trainer.model, contextlib.nullcontext()
+        if key == "ref_per_token_logps" and trainer.ref_model is not None:
+            model = trainer.ref_model
+        elif key == "ref_per_token_logps":
+            context = trainer.model.disable_adapter()  # PEFT: the reference is the base model, as TRL does it
+        with context:
             logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, width, size)
-            batch[key] = logps
+        batch[key] = logps
 
 
 def _pair(tokenizer, tmp_path, case):
@@ -112,11 +123,18 @@ def _pair(tokenizer, tmp_path, case):
         # Half the prompts' groups get equal rewards: the sampler draws more batches and keeps the varied groups.
         reward, dataset, prompts = equal_or_varied_reward, Dataset.from_dict({"prompt": DATA * 4}), DATA[:4]
     models = _models(case, tokenizer, tmp_path)
+    trainer_cls = None
+    if case.startswith("PEFT"):
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        trainer_cls = functools.partial(AblationGRPOTrainer, peft_config=lora)
     trainers, batches = [], []
     for flag, model in zip((False, True), models, strict=True):
         trainer = make_trainer(
-            tokenizer, tmp_path / str(flag), model=model, reward=reward, dataset=dataset, padding_free=flag, **kwargs
-        )
+            tokenizer, tmp_path / str(flag), model=model, reward=reward, dataset=dataset, trainer_cls=trainer_cls,
+            padding_free=flag, **kwargs,
+        )  # fmt: skip
         trainers.append(trainer)
         batches.append(generate(trainer, group_inputs(prompts, group_size=4)))
     off, on = batches
@@ -161,6 +179,8 @@ def test_padding_free_matches_padded(char_tokenizer, qwen3_tokenizer, tmp_path, 
     assert logged >= 1  # at least the entropy
     if case == "dynamic_sampling":  # equal-reward groups were dropped and more batches generated
         assert on._metrics["train"]["dynamic_sampling/generation_batches"][-1] > 1
+    if case.startswith("PEFT"):
+        assert type(on.model).__name__ == "PeftModel" and on.ref_model is None and "ref_per_token_logps" in batch_on
     if case == "MoE aux loss":
         assert on.aux_loss_enabled and min(on._metrics["train"]["aux_loss"]) > 0.5
     if case == "dynamic_sampling":  # equal-reward groups were dropped and more batches generated
@@ -263,6 +283,11 @@ def test_refuses_an_attention_that_cannot_pack(char_tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"padding_free=True cannot be used here: attention implementation"):
         make_trainer(char_tokenizer, tmp_path, model=model, padding_free=True)
     make_trainer(char_tokenizer, tmp_path / "off", model=model, padding_free=False)  # the default is untouched
+    # A model switched after the trainer was built (or a reference model loaded otherwise): refused at the forward.
+    trainer = make_trainer(char_tokenizer, tmp_path / "on", padding_free=True)
+    trainer.model.config._attn_implementation = "paged|sdpa"
+    with pytest.raises(ValueError, match=r"padding_free=True cannot be used here: attention implementation"):
+        trainer._get_per_token_logps_and_entropies(trainer.model, *_ragged_rows(len(char_tokenizer)))
 
 
 def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_path):

@@ -234,6 +234,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
         given = sorted(key for key, value in forward_kwargs.items() if value is not None)
         if given:
             raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
+        # Checked again per call: the reference model is another model, and generation may switch the attention.
+        problem = packing_problem(self.accelerator.unwrap_model(model).config)
+        if problem is not None:
+            raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
         batch_size = batch_size or input_ids.size(0)
         logps, entropies, aux_losses = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
