@@ -71,14 +71,18 @@ def test_files_without_a_record_need_resume(tmp_path):
     assert not problems and plan.checkpoint == tmp_path / "checkpoint-2" and "cannot be compared" in plan.note
 
 
-def _run(cwd: Path, config: Path, home: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The recipe as a user's scheduler starts it: no wandb login (fresh HOME, no key), no TTY (stdin /dev/null)."""
+def _run(cwd: Path, config: Path, home: Path, *extra: str, launcher: bool = True) -> subprocess.CompletedProcess:
+    """The recipe as a user's scheduler starts it: no wandb login (fresh HOME, no key), no TTY (stdin /dev/null).
+    `launcher=False` runs the entry point without `accelerate launch` (one interpreter start instead of two), for
+    the runs the preflight refuses before anything is launched."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     env["TOKENIZERS_PARALLELISM"] = "false"
-    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file"]
-    cmd += [str(REPO / "accelerate_configs" / "cpu.yaml"), str(REPO / "recipes" / "countdown.py")]
-    cmd += ["--config", str(config), *extra]
+    cmd = [sys.executable]
+    if launcher:
+        cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file"]
+        cmd.append(str(REPO / "accelerate_configs" / "cpu.yaml"))
+    cmd += [str(REPO / "recipes" / "countdown.py"), "--config", str(config), *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
 
 
@@ -131,12 +135,12 @@ def test_wandb_without_login_then_explicit_resume(tmp_path):
     record = json.loads((run / "trl_ext_run.json").read_text())
     assert record["config"]["max_completion_length"] == 8 and record["recipe"] == str(config)
 
-    again = _run(tmp_path, config, tmp_path / "home")
+    again = _run(tmp_path, config, tmp_path / "home", launcher=False)
     assert again.returncode != 0
     assert "is not empty" in again.stderr and "--resume true to continue it" in again.stderr
     assert "checkpoint-1" in again.stderr
 
-    other = _run(tmp_path, config, tmp_path / "home", "--learning_rate", "1e-4", "--resume", "true")
+    other = _run(tmp_path, config, tmp_path / "home", "--learning_rate", "1e-4", "--resume", "true", launcher=False)
     assert other.returncode != 0 and "learning_rate: 1e-05 there, 0.0001 now" in other.stderr
 
     resumed = _run(tmp_path, config, tmp_path / "home", "--resume", "true")
