@@ -187,17 +187,19 @@ class AblationGRPOConfig(GRPOConfig):
     padding_free: bool = field(
         default=False,
         metadata={
-            "help": "Pack each micro-batch's prompt+completion rows into one sequence without padding for the "
-            "log-prob forwards (policy, old policy and reference): position_ids restart at 0 for every row, no "
-            "attention mask. The micro-batch keeps its rows, so the loss, its gradients, every reduction and the "
-            "logged metrics are unchanged (to float rounding); the forward and backward run over the batch's real "
-            "tokens instead of rows x longest, so per_device_train_batch_size can grow (and GA shrink) within the "
-            "same memory. Log-probs and entropies go through TRL's fused LM head in both layouts (tiles of 4096 "
-            "tokens x 32768 vocabulary entries, never a (tokens, vocab) tensor). Needs attention eager, sdpa, "
-            "flex_attention or flash_attention_2/3/4 (transformers separates the packed sequences by their "
-            "position_ids) and a text-only model whose layers all attend; refused otherwise. Generation is "
-            "unchanged. TRL's SFTConfig / DPOConfig padding_free are the same idea for their trainers; GRPOConfig "
-            "has none."
+            "help": "Pack each micro-batch's prompt+completion rows without padding for the log-prob forwards "
+            "(policy, old policy and reference): real tokens only, position_ids restarting at 0 for every row, no "
+            "attention mask; one packed row with flash_attention_2/3/4 (varlen kernels), rows of at most the "
+            "longest row's tokens (first-fit decreasing) with sdpa / eager / flex, whose dense block-diagonal mask "
+            "would cost (all tokens)^2 on one row. The micro-batch keeps its rows, so the loss, its gradients, "
+            "every reduction and the logged metrics are unchanged (to float rounding); the forward and backward "
+            "run over about the batch's real tokens instead of rows x longest, so per_device_train_batch_size can "
+            "grow (and GA shrink) within the same memory. Log-probs and entropies go through TRL's fused LM head "
+            "in both layouts (tiles of 4096 tokens x 32768 vocabulary entries, never a (tokens, vocab) tensor). "
+            "Needs attention eager, sdpa, flex_attention or flash_attention_2/3/4 (transformers separates the "
+            "packed sequences by their position_ids) and a text-only model whose layers all attend; refused "
+            "otherwise. Generation is unchanged. TRL's SFTConfig / DPOConfig padding_free are the same idea for "
+            "their trainers; GRPOConfig has none."
         },
     )
 

@@ -1,15 +1,22 @@
-"""Padding-free micro-batches: a batch's prompt+completion rows packed into one sequence, and back.
+"""Padding-free micro-batches: a batch's prompt+completion rows packed into few rows without padding, and back.
 
 TRL lays a micro-batch out as `(B, P + T)`: prompts left-padded to `P`, completions right-padded to `T`, so the
 forward and backward run over `B * (P + T)` positions however short most completions are. Packing keeps only the
-real tokens (attention mask 1), in row order, as one row `(1, N)` with `position_ids` restarting at 0 for every
-sequence and no attention mask: transformers (5.x) reads the restarts as sequence boundaries (a block-diagonal
-causal mask for sdpa / eager / flex, the varlen kernels for flash-attention), so each token attends to its own
-sequence only and the per-token log-probs equal the padded forward's to float rounding (RoPE depends on relative
-positions only, so the left padding's position offset does not matter). The labels are TRL's: the completion tokens,
--100 elsewhere; `unpack_per_token` scatters the per-token values back to TRL's `(B, T)` layout, 0 at padding.
+real tokens (attention mask 1), row after row, with `position_ids` restarting at 0 for every row and no attention
+mask: transformers (5.x) reads the restarts as sequence boundaries (a block-diagonal causal mask for sdpa / eager /
+flex, the varlen kernels for flash-attention), so each token attends to its own row only and the per-token
+log-probs equal the padded forward's to float rounding (RoPE depends on relative positions only, so the left
+padding's position offset does not matter). The labels are TRL's: the completion tokens, -100 elsewhere;
+`unpack_per_token` scatters the per-token values back to TRL's `(B, T)` layout, 0 at padding.
 
-The packed row feeds TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`), so log-probs and entropies are
+How many packed rows: flash-attention's varlen kernels take one row (`capacity=None`) and attend within each
+sequence only. sdpa and eager compute the whole `(W, W)` block-diagonal mask densely, so one row of `N` tokens
+costs `N^2` attention instead of `B * L^2` (measured on the CPU, 4 layers x 256 wide, 8 rows of 100 + ~250 tokens:
+11.8 s one row vs 10.2 s padded per forward + backward); for them the rows are packed first-fit decreasing into rows
+of at most the longest row's tokens, so attention never exceeds the padded batch's and the other layers run over
+about `N` tokens (plus the fillers that end each packed row, a sequence of their own that nothing reads).
+
+The packed rows feed TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`), so log-probs and entropies are
 computed in TRL's tiles (no `(tokens, vocab)` tensor for the micro-batch) exactly as for the padded layout.
 """
 
@@ -30,14 +37,16 @@ PACKABLE_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attentio
 
 @dataclass(frozen=True)
 class PackedRows:
-    """One packed sequence and the map back to the padded layout.
+    """Packed rows (`K` of width `W`) and the map back to the padded `(B, L)` layout.
 
     Attributes:
-        input_ids: `(1, N)` the real tokens of every row, row after row (`N` = attention-mask ones).
-        position_ids: `(1, N)` each token's position in its own row's real tokens (0 at every row's first token).
-        labels: `(1, N)` the token where its padded column is a scored completion column (one of the last
-            `logits_to_keep` columns, attention mask 1), else -100; -100 at every row's first token too.
-        index: `(N,)` each packed token's flat index `b * L + c` in the padded `(B, L)` layout.
+        input_ids: `(K, W)` the real tokens of the rows assigned to each packed row, one after another, then filler
+            tokens (id 0) up to `W`.
+        position_ids: `(K, W)` each token's position in its own row's real tokens (0 at every row's first token);
+            the fillers count from 0 again, a sequence of their own.
+        labels: `(K, W)` the token where its padded column is a scored completion column (one of the last
+            `logits_to_keep` columns, attention mask 1), else -100; -100 at every row's first token and the fillers.
+        index: `(K, W)` each packed token's flat index `b * L + c` in the padded layout; -1 at the fillers.
         shape: `(B, L)` of the padded layout.
     """
 
@@ -48,8 +57,35 @@ class PackedRows:
     shape: tuple[int, int]
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> PackedRows:
-    """Pack the real tokens of a padded batch into one row for a padding-free forward.
+def assign_rows(lengths: list[int], capacity: int | None) -> list[list[int]]:
+    """First-fit decreasing: the rows, longest first, each into the first packed row with room for it.
+
+    Args:
+        lengths: real tokens per row.
+        capacity: tokens per packed row (at least the longest row); None: every row in one packed row.
+
+    Returns:
+        The row numbers of each packed row.
+    """
+    if capacity is None:
+        return [list(range(len(lengths)))]
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        target = next((k for k, load in enumerate(loads) if load + lengths[row] <= capacity), None)
+        if target is None:
+            bins.append([row])
+            loads.append(lengths[row])
+        else:
+            bins[target].append(row)
+            loads[target] += lengths[row]
+    return bins
+
+
+def pack_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, capacity: int | None = None
+) -> PackedRows:
+    """Pack the real tokens of a padded batch into few rows for a padding-free forward.
 
     Each row's real tokens must be contiguous (TRL's left-padded prompt + right-padded completion are): positions
     count them from 0, as the padded row's would up to a constant offset.
@@ -58,26 +94,35 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_k
         input_ids: `(B, L)` token ids, `L = P + T`.
         attention_mask: `(B, L)` 1 at real tokens, 0 at padding.
         logits_to_keep: `T`, the completion columns to score (the last `T` columns).
+        capacity: tokens per packed row (`assign_rows`); None: one row of `N = attention_mask.sum()` tokens.
 
     Returns:
-        A `PackedRows` with `N = attention_mask.sum()` tokens. TRL's padded labels
-        (`input_ids` where `attention_mask`, -100 elsewhere and before column `L - T`) are gathered at the kept
-        tokens, so the packed forward scores exactly the tokens the padded one does. A row's first token has no
-        predecessor in its own sequence and is never scored (TRL's prompts are never empty, so its first token is
-        a prompt token, -100 in both layouts).
+        A `PackedRows`. TRL's padded labels (`input_ids` where `attention_mask`, -100 elsewhere and before column
+        `L - T`) are gathered at the kept tokens, so the packed forward scores exactly the tokens the padded one
+        does. A row's first token has no predecessor in its own sequence and is never scored (TRL's prompts are
+        never empty, so its first token is a prompt token, -100 in both layouts).
     """
     batch, length = input_ids.shape
     keep = attention_mask.bool()
-    positions = keep.long().cumsum(dim=1) - 1  # (B, L): 0 at each row's first real token
+    positions = (keep.long().cumsum(dim=1) - 1).reshape(-1)  # (B * L,): 0 at each row's first real token
     labels = input_ids.masked_fill(~keep, IGNORE_INDEX)
     labels[:, : length - logits_to_keep] = IGNORE_INDEX
-    index = keep.reshape(-1).nonzero().squeeze(1)  # (N,), row-major: row after row, in column order
-    packed_positions = positions.reshape(-1)[index]
-    packed_labels = labels.reshape(-1)[index].masked_fill(packed_positions == 0, IGNORE_INDEX)
+    flat = torch.arange(batch * length, device=input_ids.device).view(batch, length)
+    tokens = [flat[row][keep[row]] for row in range(batch)]  # each row's real tokens' flat indices
+    groups = [torch.cat([tokens[row] for row in rows]) for rows in assign_rows([t.numel() for t in tokens], capacity)]
+    width = max(group.numel() for group in groups)
+    index = torch.full((len(groups), width), -1, dtype=torch.long, device=input_ids.device)  # (K, W)
+    for k, group in enumerate(groups):
+        index[k, : group.numel()] = group
+    real = index >= 0
+    gather = index.clamp(min=0)
+    filler_positions = (~real).long().cumsum(dim=1) - 1  # the fillers sit at the end of their packed row
+    packed_positions = torch.where(real, positions[gather], filler_positions)
+    packed_labels = labels.reshape(-1)[gather].masked_fill(~real | (packed_positions == 0), IGNORE_INDEX)
     return PackedRows(
-        input_ids=input_ids.reshape(-1)[index].unsqueeze(0),
-        position_ids=packed_positions.unsqueeze(0),
-        labels=packed_labels.unsqueeze(0),
+        input_ids=input_ids.reshape(-1)[gather].masked_fill(~real, 0),
+        position_ids=packed_positions,
+        labels=packed_labels,
         index=index,
         shape=(batch, length),
     )
@@ -87,8 +132,8 @@ def unpack_per_token(values: torch.Tensor, packed: PackedRows, logits_to_keep: i
     """Scatter next-token values of a packed forward back to TRL's `(B, T)` completion layout.
 
     Args:
-        values: `(1, N - 1)` a per-token output of the fused LM head on the packed row: `values[0, k - 1]` belongs
-            to packed token `k` (predicted from token `k - 1`), 0 where its label is -100.
+        values: `(K, W - 1)` a per-token output of the fused LM head on the packed rows: `values[k, j - 1]` belongs
+            to packed token `(k, j)` (predicted from token `(k, j - 1)`), 0 where its label is -100.
         packed: the `PackedRows` the forward ran on.
         logits_to_keep: `T`.
 
@@ -97,7 +142,9 @@ def unpack_per_token(values: torch.Tensor, packed: PackedRows, logits_to_keep: i
         gradient flows back to `values`.
     """
     batch, length = packed.shape
-    flat = values.new_zeros(batch * length).index_copy(0, packed.index[1:], values.reshape(-1))  # (B * L,)
+    target = packed.index[:, 1:]  # (K, W - 1)
+    real = target >= 0
+    flat = values.new_zeros(batch * length).index_copy(0, target[real], values[real])  # (B * L,)
     return flat.view(batch, length)[:, length - logits_to_keep :]
 
 

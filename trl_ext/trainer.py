@@ -107,9 +107,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
       gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
       `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
     - `_get_per_token_logps_and_entropies`: TRL's own unless `padding_free`; then each forward's rows are packed
-      into one sequence (`trl_ext.packing.pack_rows`: real tokens only, position_ids restarting per row, no
-      attention mask) for TRL's fused LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)`
-      layout. TRL calls it for the policy, the old policy and the reference model, so all three are packed.
+      without padding (`trl_ext.packing.pack_rows`: real tokens only, position_ids restarting per row, no attention
+      mask; one row for flash-attention, rows of at most the longest row's tokens for sdpa / eager) for TRL's fused
+      LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)` layout. TRL calls it for the
+      policy, the old policy and the reference model, so all three are packed.
       `__init__` refuses `padding_free` for a processor (multimodal) or a model that cannot pack
       (`trl_ext.packing.packing_problem`).
 
@@ -212,7 +213,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
         **forward_kwargs,
     ):
         """TRL's log-probs `(B, T)`, entropies `(B, T)` or None, and MoE aux loss; with `padding_free`, each chunk of
-        `batch_size` rows runs as one packed sequence (`trl_ext.packing`) through TRL's fused LM head.
+        `batch_size` rows runs packed without padding (`trl_ext.packing`) through TRL's fused LM head.
 
         Args:
             input_ids, attention_mask: `(B, P + T)`, prompts left-padded and completions right-padded.
@@ -234,16 +235,20 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
         given = sorted(key for key, value in forward_kwargs.items() if value is not None)
         if given:
             raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
-        # Checked again per call: the reference model is another model, and generation may switch the attention.
-        problem = packing_problem(self.accelerator.unwrap_model(model).config)
+        # Checked per call: the reference model is another model, and generation may switch the attention.
+        config = self.accelerator.unwrap_model(model).config
+        problem = packing_problem(config)
         if problem is not None:
             raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
+        # One packed row for flash-attention's varlen kernels and where the MoE aux loss must not count fillers;
+        # rows of at most the longest row's tokens for the dense-mask kernels (see trl_ext.packing).
+        one_row = config._attn_implementation.startswith("flash_attention") or compute_aux_loss
         batch_size = batch_size or input_ids.size(0)
         logps, entropies, aux_losses = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
-            packed = pack_rows(
-                input_ids[start : start + batch_size], attention_mask[start : start + batch_size], logits_to_keep
-            )
+            mask = attention_mask[start : start + batch_size]
+            capacity = None if one_row else int(mask.sum(dim=1).max())
+            packed = pack_rows(input_ids[start : start + batch_size], mask, logits_to_keep, capacity)
             extra = {"output_router_logits": True} if compute_aux_loss else {}
             with self.accelerator.autocast():
                 # No attention mask: transformers separates the sequences where position_ids restart at 0.
