@@ -49,7 +49,7 @@ run: install
 # --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a vLLM engine) starts once.
 test: install assets
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
-		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --durations=15 $(PYTEST_ARGS)
+		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

@@ -62,3 +62,29 @@ def tiny_model(char_tokenizer):
     from trl_ext.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(char_tokenizer, seed=0)
+
+
+# The longest modules first (as measured in CI, in seconds of one worker). `make test` runs `-n 2 --dist loadscope
+# --no-loadscope-reorder`: xdist then hands out modules in this order, so the two workers end together (longest
+# processing time first). xdist's default reorder sorts modules by their number of tests, which put these few-test,
+# minute-long modules last, with one worker idle while the other ran them.
+LONGEST_FIRST = (
+    "test_vllm_launch.py",  # two real `trl vllm-serve` starts
+    "test_demo.py",
+    "test_gpu_check.py",
+    "test_vllm_eval.py",
+    "test_vllm_expert_iteration.py",
+    "test_preflight_runs.py",
+    "test_vllm_colocate.py",
+    "test_sampling_vllm.py",
+    "test_kissing_recipe.py",
+    "test_recipe_runs.py",
+    "test_preflight_table.py",
+    "test_sampling_distributed.py",
+    "test_trainer_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
