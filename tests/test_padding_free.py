@@ -325,3 +325,24 @@ def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_pat
         trainer._get_per_token_logps_and_entropies(
             trainer.model, input_ids, mask, t, pixel_values=torch.zeros(5, 3, 4, 4)
         )
+
+
+def test_training_with_padding_free_ends_at_the_same_weights(char_tokenizer, tmp_path):
+    """`trainer.train()` end to end (generation, old log-probs, 2 epochs per rollout, 2 micro-batches per step, Adam):
+    3 steps with `padding_free` off and on reach the same weights and log the same losses."""
+    finals, losses = [], []
+    for flag in (False, True):
+        trainer = make_trainer(
+            char_tokenizer, tmp_path / str(flag), padding_free=flag, max_steps=3, num_iterations=2,
+            gradient_accumulation_steps=2, per_device_train_batch_size=4, learning_rate=5e-2,
+        )  # fmt: skip
+        start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        finals.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        losses.append([log["loss"] for log in trainer.state.log_history if "loss" in log])
+    moved = max((finals[0][n] - start[n]).abs().max().item() for n in start)
+    weights_rel = max_rel_diff(finals[1], finals[0])
+    print(f"\n[padding_free] train() 3 steps: weights max rel diff {weights_rel:.1e}, losses {losses}")
+    assert moved > 1e-2  # the optimizer moved the weights
+    assert weights_rel < 1e-4
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], abs=1e-6)
