@@ -294,14 +294,16 @@ def test_log_probs_and_entropies_equal_trls_on_ragged_rows(char_tokenizer, tmp_p
 # Refusals, before training starts.
 
 
-def test_refuses_an_attention_that_cannot_pack(char_tokenizer, tmp_path):
+def test_refuses_an_attention_that_cannot_pack_and_fixed_shapes(char_tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"padding_free=True.*'paged\|sdpa'"):
         AblationGRPOConfig(
             output_dir=str(tmp_path), use_cpu=True, report_to="none", padding_free=True,
             model_init_kwargs={"attn_implementation": "paged|sdpa"},
         )  # fmt: skip
+    with pytest.raises(ValueError, match=r"padding_free=True .* defeats pad_to_multiple_of=64"):
+        AblationGRPOConfig(output_dir=str(tmp_path), use_cpu=True, padding_free=True, pad_to_multiple_of=64)
     model = tiny_model(char_tokenizer)
-    model.config._attn_implementation = "paged|sdpa"  # vLLM-style paged kernels: no packed-sequence mask
+    model.config._attn_implementation = "paged|sdpa"  # continuous batching's paged kernels: no packed mask
     with pytest.raises(ValueError, match=r"padding_free=True cannot be used here: attention implementation"):
         make_trainer(char_tokenizer, tmp_path, model=model, padding_free=True)
     make_trainer(char_tokenizer, tmp_path / "off", model=model, padding_free=False)  # the default is untouched

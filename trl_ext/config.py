@@ -198,8 +198,8 @@ class AblationGRPOConfig(GRPOConfig):
             "in both layouts (tiles of 4096 tokens x 32768 vocabulary entries, never a (tokens, vocab) tensor). "
             "Needs attention eager, sdpa, flex_attention or flash_attention_2/3/4 (transformers separates the "
             "packed sequences by their position_ids) and a text-only model whose layers all attend; refused "
-            "otherwise. Generation is unchanged. TRL's SFTConfig / DPOConfig padding_free are the same idea for "
-            "their trainers; GRPOConfig has none."
+            "otherwise, and with pad_to_multiple_of (fixed shapes). Generation is unchanged. TRL's SFTConfig / "
+            "DPOConfig padding_free are the same idea for their trainers; GRPOConfig has none."
         },
     )
 
@@ -215,6 +215,12 @@ class AblationGRPOConfig(GRPOConfig):
         self._check_padding_free()
 
     def _check_padding_free(self):
+        if self.padding_free and self.pad_to_multiple_of is not None:
+            raise ValueError(
+                f"padding_free=True packs the rows to whatever length their tokens take, which defeats "
+                f"pad_to_multiple_of={self.pad_to_multiple_of} (fixed shapes, e.g. for Neuron's compiler, where "
+                "'auto' resolves to 128); set pad_to_multiple_of=None or padding_free=False"
+            )
         # The model's own attention is checked by the trainer; this catches a recipe that asks for another one.
         attention = (self.model_init_kwargs or {}).get("attn_implementation")
         if self.padding_free and attention is not None and attention not in PACKABLE_ATTENTION:
