@@ -140,8 +140,8 @@ def plot_runs(
             rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
     # One block of rows per x-axis, holding the panels with points on that axis (train panels have no validation step).
     cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
-    ncols = 4
     blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
+    ncols = min(4, max(blocks))  # no empty column when every block has fewer panels
     nrows = sum(-(-n // ncols) for n in blocks)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     for ax in axes.flat:
