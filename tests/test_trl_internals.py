@@ -71,6 +71,39 @@ def test_logps_helper_signature():
     assert params[1:5] == needed[:4], _changed(f"_get_per_token_logps_and_entropies positional order {params[1:5]}")
 
 
+def test_fused_lm_head_choice_that_compact_lm_head_swaps():
+    # trl_ext.fused_head swaps the `_use_triton` name trl.trainer.utils looks up when `_fused_forward` decides to
+    # score only the labelled positions; the TRL method must still go through the fused head.
+    import trl.kernels.chunked_logprob as kernel
+    import trl.trainer.utils as trl_utils
+
+    where = "trl_ext/fused_head.py"
+    assert trl_utils._use_triton is kernel._use_triton, _changed(
+        f"trl.trainer.utils no longer imports _use_triton ({where})"
+    )
+    assert _params(trl_utils._use_triton) == ["device"], _changed(
+        f"_use_triton{tuple(_params(trl_utils._use_triton))}"
+    )
+    got = _params(trl_utils.add_fused_lm_head)
+    assert got == ["model", "temperature", "cast_lm_head_to_fp32", "outputs"], _changed(
+        f"add_fused_lm_head{tuple(got)}"
+    )
+    source = inspect.getsource(trl_utils.add_fused_lm_head)
+    for line in (
+        "compact = _use_triton(hidden_states.device)",
+        "hidden_states[mask] if compact",
+        "labels[mask] if compact",
+    ):
+        assert line in source, _changed(f"add_fused_lm_head's `_fused_forward` no longer has `{line}` ({where})")
+    got = _params(trl_utils._ChunkedLogProbFunction.forward)
+    expected = ["ctx", "hidden", "weight", "bias", "targets", "temperature", "chunk_size", "final_logit_softcapping",
+                "logit_scale", "outputs"]  # fmt: skip
+    assert got == expected, _changed(f"_ChunkedLogProbFunction.forward{tuple(got)}")
+    assert "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies), _changed(
+        "_get_per_token_logps_and_entropies no longer calls the model with fused_lm_head=True"
+    )
+
+
 def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
     # The seed field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
     # Trainer._train_batch_size once, and TRL's dataloader reads only `_train_batch_size`. The trainer resets it.

@@ -21,6 +21,7 @@ from trl.trainer.utils import get_config_model_id
 
 from trl_ext.config import AblationGRPOConfig
 from trl_ext.finished import FinishedCompletionsMixin
+from trl_ext.fused_head import compact_lm_head
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -106,7 +107,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
       `skip_zero_advantage_completions`, the completions whose advantage is 0 are dropped first (same loss and
       gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
       `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
-    - `_get_per_token_logps_and_entropies`: TRL's own unless `padding_free`; then each forward's rows are packed
+    - `_get_per_token_logps_and_entropies`: always inside `trl_ext.fused_head.compact_lm_head` (TRL's fused LM head
+      scores only the completion tokens on the CPU too, as it does on CUDA); TRL's own unless `padding_free`; then
+      each forward's rows are packed
       without padding (`trl_ext.packing.pack_rows`: real tokens only, position_ids restarting per row, no attention
       mask; one row for flash-attention, rows of at most the longest row's tokens for sdpa / eager) for TRL's fused
       LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)` layout. TRL calls it for the
@@ -212,8 +215,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
         compute_aux_loss=False,
         **forward_kwargs,
     ):
-        """TRL's log-probs `(B, T)`, entropies `(B, T)` or None, and MoE aux loss; with `padding_free`, each chunk of
-        `batch_size` rows runs packed without padding (`trl_ext.packing`) through TRL's fused LM head.
+        """TRL's log-probs `(B, T)`, entropies `(B, T)` or None, and MoE aux loss, the LM head applied at the
+        completion tokens only (`compact_lm_head`); with `padding_free`, each chunk of `batch_size` rows runs packed
+        without padding (`trl_ext.packing`) through TRL's fused LM head.
 
         Args:
             input_ids, attention_mask: `(B, P + T)`, prompts left-padded and completions right-padded.
@@ -221,17 +225,41 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             batch_size: rows per forward (TRL passes the per-device batch for the old / reference log-probs).
             forward_kwargs: TRL's multimodal entries (must all be None with `padding_free`).
         """
-        if not self.args.padding_free:
-            return super()._get_per_token_logps_and_entropies(
+        with compact_lm_head():  # only the completion tokens go through the LM head, on the CPU too
+            if not self.args.padding_free:
+                return super()._get_per_token_logps_and_entropies(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **forward_kwargs,
+                )
+            return self._packed_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
                 logits_to_keep,
-                batch_size=batch_size,
-                compute_entropy=compute_entropy,
-                compute_aux_loss=compute_aux_loss,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **forward_kwargs,
             )
+
+    def _packed_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size,
+        compute_entropy,
+        compute_aux_loss,
+        **forward_kwargs,
+    ):
+        """`_get_per_token_logps_and_entropies` with `padding_free`: each chunk of `batch_size` rows packed."""
         given = sorted(key for key, value in forward_kwargs.items() if value is not None)
         if given:
             raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
