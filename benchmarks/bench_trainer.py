@@ -13,6 +13,20 @@ median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results
 
     python benchmarks/bench_trainer.py                # 12 runs + 2 paired, 5-10 minutes on 2 busy CPU cores
     python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
+
+Padding-free (`--padding-free`, issue 24): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock,
+ours with `padding_free=True`, ours with `padding_free=False` (what remains is the compact LM head,
+`trl_ext.fused_head`), so the two effects separate. Completions are not generated (far too slow on the CPU at these
+lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`): prompts of 100 to
+150 tokens (uniform, as Countdown's chat prompt), completion lengths log-normal with median 250 and sigma 0.75,
+clipped to [16, 1024] (about 3% reach 1024, as truncated Countdown / MATH rollouts do). The model is wider and deeper
+(`PF_MODEL`: 4 layers, 128 wide) so the transformer body costs something, though per token it is still ~1/20 of the
+151,669-row LM head's work (a 1.7B model's body is ~4x its head's), so on the CPU the head dominates. Writes
+benchmarks/results/trainer_padding_free.json; each trainer's first-step loss, gradient norm and entropy are recorded
+to check they agree.
+
+    python benchmarks/bench_trainer.py --padding-free --quick   # per-device batch 8, one ABBA-free pass, minutes
+    python benchmarks/bench_trainer.py --padding-free           # batches 2, 8, 16, 2 repeats
 """
 
 from __future__ import annotations
@@ -45,6 +59,13 @@ PAIRS = {
         dict(loss_type="dr_grpo", scale_rewards="none"),
     ),
 }
+# Padding-free comparison: trainer name -> AblationGRPOConfig fields (None: stock GRPOTrainer, the grpo pair).
+PF_IMPLS = {"stock": None, "ours_pf": dict(padding_free=True), "ours_compact": dict(padding_free=False)}
+PF_RESULTS = ROOT / "benchmarks" / "results" / "trainer_padding_free.json"
+PF_GOAL = 0.6  # ours padding_free / stock step time at per-device batch 8
+PF_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512)
+PF_PROMPT_TOKENS = (100, 150)
+PF_COMPLETION = dict(median=250, sigma=0.75, low=16, high=1024)  # log-normal, clipped
 PROMPTS = [
     "Using the numbers 3, 5 and 7, make 22.",
     "What is 17 times 23?",
@@ -56,6 +77,48 @@ PROMPTS = [
 def id_reward(completion_ids, **kwargs) -> list[float]:
     """Deterministic reward with spread inside groups, so both trainers do the same non-trivial work."""
     return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+class FixedRollouts:
+    """TRL's `rollout_func`: the `k`-th call returns the `k`-th of a seeded sequence of batches, whatever the trainer.
+
+    Each group (consecutive prompts, TRL repeats every prompt `num_generations` times) gets one prompt of
+    `PF_PROMPT_TOKENS` tokens; each completion a length from `PF_COMPLETION`; token ids uniform over ordinary
+    vocabulary entries, no EOS (so the reward `id_reward` has spread and TRL counts the completions as truncated,
+    which changes no loss here).
+    """
+
+    def __init__(self, vocab_size: int, seed: int = 0):
+        self.vocab_size, self.seed, self.calls = vocab_size, seed, 0
+
+    def lengths(self, n: int, gen) -> list[int]:
+        import torch
+
+        c = PF_COMPLETION
+        draws = torch.exp(torch.randn(n, generator=gen) * c["sigma"]) * c["median"]
+        return draws.round().clamp(c["low"], c["high"]).long().tolist()
+
+    def __call__(self, prompts, trainer) -> dict:
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.calls)
+        self.calls += 1
+        low, high = 1000, min(self.vocab_size, 100_000)  # clear of the special tokens at either end
+        prompt_ids, previous = [], None
+        for prompt in prompts:
+            if prompt != previous:
+                length = int(torch.randint(PF_PROMPT_TOKENS[0], PF_PROMPT_TOKENS[1] + 1, (1,), generator=gen))
+                ids = torch.randint(low, high, (length,), generator=gen).tolist()
+            prompt_ids.append(ids)
+            previous = prompt
+        completion_ids = [
+            torch.randint(low, high, (n,), generator=gen).tolist() for n in self.lengths(len(prompts), gen)
+        ]
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(c) for c in completion_ids],
+        }
 
 
 def _vm_hwm_mb() -> float | None:
@@ -89,7 +152,11 @@ def build(impl: str, pair: str, args, output_dir: str, callbacks=None):
     torch.set_num_threads(args.threads)
     tok_dir = SHARED / "qwen3_tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.exists() else build_char_tokenizer()
-    model = build_tiny_qwen3(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    padding_free = args.padding_free  # the padding-free comparison's model, batches and fixed completions
+    if padding_free:
+        model = build_tiny_qwen3(tokenizer, **PF_MODEL, max_position_embeddings=2048, seed=0)
+    else:
+        model = build_tiny_qwen3(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
     ours_cfg, stock_cfg = PAIRS[pair]
     common = dict(
         output_dir=output_dir,
@@ -107,17 +174,32 @@ def build(impl: str, pair: str, args, output_dir: str, callbacks=None):
         disable_tqdm=True,
         log_level="error",
     )
+    extra, prompts = {}, PROMPTS * 16
+    if padding_free:  # fixed completions of realistic lengths, per-device batch `args.batch`
+        batch = args.batch
+        common.update(
+            max_completion_length=PF_COMPLETION["high"],
+            per_device_train_batch_size=batch,
+            num_generations=min(8, batch),
+        )
+        extra["rollout_func"] = FixedRollouts(len(tokenizer))
+        prompts = [f"{p} #{i}" for i in range(32) for p in PROMPTS]  # distinct, so groups never merge
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if impl == "stock":
         config, trainer_cls = GRPOConfig(**common, **stock_cfg), GRPOTrainer
     else:
-        config, trainer_cls = AblationGRPOConfig(**common, **ours_cfg), AblationGRPOTrainer
+        config, trainer_cls = (
+            AblationGRPOConfig(**common, **ours_cfg, **(PF_IMPLS.get(impl) or {})),
+            AblationGRPOTrainer,
+        )
     return trainer_cls(
         model,
         id_reward,
         args=config,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 16}),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
         callbacks=callbacks,
+        **extra,
     )
 
 
@@ -154,6 +236,15 @@ def worker(args) -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "setup_peak_rss_mb": setup_peak_mb,
         "train_peak_rss_mb": _vm_hwm_mb(),
+        # The first step's logged values: GRPO's loss is ~0 on-policy (ratio 1, centred advantages), its gradient
+        # norm and entropy are not.
+        **{
+            f"first_{key}": next((h[key] for h in trainer.state.log_history if key in h), None)
+            for key in ("loss", "grad_norm", "entropy")
+        },
+        "completion_lengths": [
+            h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+        ],
         "vocab_size": len(trainer.processing_class),
         "num_parameters": sum(p.numel() for p in trainer.model.parameters()),
     }
@@ -194,9 +285,11 @@ def paired_worker(args) -> None:
     Path(args.out).write_text(json.dumps({"pair": args.pair, "times": times, "median_paired_ratio": ratios}))
 
 
-def run_one(impl: str, pair: str, args, tmp: Path, index: int) -> dict:
+def run_one(impl: str, pair: str, args, tmp: Path, index: int, batch: int | None = None) -> dict:
     out = tmp / f"{index:02d}_{pair}_{impl}.json"
     mode = ["--paired-worker", "--iterations", str(args.iterations)] if impl == "paired" else ["--worker"]
+    if batch is not None:
+        mode += ["--padding-free", "--batch", str(batch)]
     cmd = [
         sys.executable, __file__, *mode, "--impl", "ours" if impl == "paired" else impl, "--pair", pair,
         "--out", str(out),
@@ -212,25 +305,131 @@ def run_one(impl: str, pair: str, args, tmp: Path, index: int) -> dict:
     return json.loads(out.read_text())
 
 
+def padding_free_main(args) -> None:
+    """Stock vs ours padding-free vs ours compact-head-only per per-device batch; writes `PF_RESULTS`."""
+    import tempfile
+
+    batches = [int(b) for b in args.batches.split(",")]
+    impls = list(PF_IMPLS)
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        index = 0
+        for batch in batches:
+            for repeat in range(args.repeats):
+                for impl in impls if repeat % 2 == 0 else impls[::-1]:  # ABBA over the three trainers
+                    r = run_one(impl, "grpo", args, Path(tmp), index, batch=batch)
+                    index += 1
+                    runs.append({**r, "batch": batch})
+                    cpu, wall = statistics.median(r["step_cpu_times"]), statistics.median(r["step_times"])
+                    print(f"batch {batch:2d} repeat {repeat} {impl:12s} median step {cpu:.2f}s CPU ({wall:.2f}s "
+                          f"wall), peak RSS {r['peak_rss_mb']:.0f} MB, first loss {r['first_loss']:.6f}",
+                          flush=True)  # fmt: skip
+
+    summary = {}
+    for batch in batches:
+        med, losses = {}, {}
+        for impl in impls:
+            mine = [r for r in runs if r["batch"] == batch and r["impl"] == impl]
+            med[impl] = {
+                "median_step_cpu_s": statistics.median(t for r in mine for t in r["step_cpu_times"]),
+                "median_step_wall_s": statistics.median(t for r in mine for t in r["step_times"]),
+                "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
+                "median_train_peak_rss_mb": statistics.median(r["train_peak_rss_mb"] or 0.0 for r in mine),
+            }
+            losses[impl] = {key: [r[f"first_{key}"] for r in mine] for key in ("loss", "grad_norm", "entropy")}
+        row = {"per_device_batch": batch, **{f"{impl}_{k}": v for impl, m in med.items() for k, v in m.items()}}
+        for impl in ("ours_pf", "ours_compact"):
+            row[f"{impl}_step_time_ratio"] = med[impl]["median_step_cpu_s"] / med["stock"]["median_step_cpu_s"]
+            row[f"{impl}_peak_rss_ratio"] = med[impl]["median_peak_rss_mb"] / med["stock"]["median_peak_rss_mb"]
+            row[f"{impl}_train_peak_rss_ratio"] = med[impl]["median_train_peak_rss_mb"] / max(
+                med["stock"]["median_train_peak_rss_mb"], 1e-9
+            )
+            for key in ("loss", "grad_norm", "entropy"):
+                pairs = [(a, b) for a in losses[impl][key] for b in losses["stock"][key]]
+                row[f"{impl}_first_{key}_max_abs_diff"] = max(abs(a - b) for a, b in pairs)
+        row["first_step"] = losses
+        row["mean_completion_length"] = statistics.mean(
+            x for r in runs if r["batch"] == batch for x in r["completion_lengths"]
+        )
+        summary[str(batch)] = row
+        print(f"per-device batch {batch:2d}: step time ratio padding_free/stock {row['ours_pf_step_time_ratio']:.3f}, "
+              f"compact-only/stock {row['ours_compact_step_time_ratio']:.3f}; peak RSS ratio "
+              f"{row['ours_pf_peak_rss_ratio']:.3f} / {row['ours_compact_peak_rss_ratio']:.3f} (training only "
+              f"{row['ours_pf_train_peak_rss_ratio']:.3f} / {row['ours_compact_train_peak_rss_ratio']:.3f}); "
+              f"first step |diff| vs stock: loss {row['ours_pf_first_loss_max_abs_diff']:.1e} / "
+              f"{row['ours_compact_first_loss_max_abs_diff']:.1e}, grad norm "
+              f"{row['ours_pf_first_grad_norm_max_abs_diff']:.1e} / "
+              f"{row['ours_compact_first_grad_norm_max_abs_diff']:.1e}")  # fmt: skip
+
+    result = {
+        "benchmark": "padding_free (issue 24): AblationGRPOTrainer padding_free=True / padding_free=False vs "
+        "trl.GRPOTrainer, grpo pair, fixed completions through rollout_func",
+        "goal": f"ours_pf_step_time_ratio <= {PF_GOAL} at per-device batch 8, equal first-step loss and grad norm",
+        "step_time_ratio_basis": "median per-step CPU time of the training process over the measured steps of all "
+        "runs (the first step of each run is warm-up); ABBA order over the three trainers, one subprocess per run",
+        "peak_rss_ratio_basis": "median over runs of the process's peak RSS (ru_maxrss); train_peak uses the peak "
+        "during trainer.train() only",
+        "device": "cpu",
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": args.threads},
+        "model": {
+            **PF_MODEL,
+            "vocab_size": runs[0]["vocab_size"],
+            "num_parameters": runs[0]["num_parameters"],
+            "attention": "sdpa",
+            "dtype": "float32",
+        },  # fmt: skip
+        "data": {
+            "prompt_tokens_uniform": PF_PROMPT_TOKENS,
+            "completion_tokens_lognormal_clipped": PF_COMPLETION,
+            "num_generations": "min(8, per-device batch)",
+            "gradient_accumulation_steps": 1,
+            "num_iterations": 1,
+        },  # fmt: skip
+        "settings": {
+            "repeats": args.repeats,
+            "steps_per_run": args.steps,
+            "warmup_steps_excluded": 1,
+            "batches": batches,
+            "quick": args.quick,
+        },  # fmt: skip
+        "summary": summary,
+        "runs": runs,
+    }
+    PF_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    PF_RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {PF_RESULTS.relative_to(ROOT)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="A/B runs per pair (order flipped every repeat)")
-    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run (the first is warm-up)")
+    parser.add_argument("--repeats", type=int, help="A/B runs per pair (order flipped every repeat); default 3 (2)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run (the first is warm-up); default 5 (3)")
+    parser.add_argument("--padding-free", action="store_true", help="the padding-free comparison (see above)")
+    parser.add_argument("--batches", default="2,8,16", help="per-device batches of the padding-free comparison")
+    parser.add_argument("--quick", action="store_true", help="padding-free: batch 8, 1 repeat, 2 steps")
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--pairs", default="grpo,dr_grpo")
     parser.add_argument("--iterations", type=int, default=10, help="paired in-process A/B iterations per pair")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--paired-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--impl", choices=["stock", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=["stock", "ours", *PF_IMPLS], help=argparse.SUPPRESS)
     parser.add_argument("--pair", choices=list(PAIRS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.batches, args.repeats, args.steps = "8", args.repeats or 1, args.steps or 2
+    args.repeats = args.repeats or (2 if args.padding_free else 3)
+    args.steps = args.steps or (3 if args.padding_free else 5)
     if args.worker:
         worker(args)
         return
     if args.paired_worker:
         paired_worker(args)
+        return
+    if args.padding_free:
+        padding_free_main(args)
         return
 
     import tempfile
