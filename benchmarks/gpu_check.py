@@ -16,6 +16,10 @@ For a session that has a GPU (the device tool; /work/.library/device/README.md).
   with transformers generation (no vLLM travels), against the preflight's estimate of that same setup. 8-bit AdamW
   needs bitsandbytes (its wheel is in the budget below); without it the part runs fused fp32 AdamW, whose estimate
   exceeds 24 GiB, and an out-of-memory error is then the expected result (the JSON says whether it was predicted).
+- `padding_free` (not a default part): ours with `padding_free` against stock `trl.GRPOTrainer` on Qwen3-1.7B's
+  config (random init, pure bf16, gradient checkpointing), per-device batch 8 and 16 of fixed completions of
+  realistic lengths (bench_trainer's `FixedRollouts`: no generation), sdpa and flash-attention 2 if installed: step
+  time and peak memory ratios, the first step's loss / grad norm of each.
 - more parts: `_gpu_kit.part` / `_gpu_kit.script_part` (another benchmark script in its own process).
 
 The JSON (default benchmarks/results/gpu_check.json) is written after every part, keeps the parts of earlier calls
@@ -236,6 +240,95 @@ def seed004_run(args, workdir: Path) -> dict:
             else None
         ),
     }
+
+
+def padding_free_run(impl: str, model: str, batch: int, attention: str, args, output_dir: Path) -> dict:
+    """One `--steps` run of stock `GRPOTrainer` or ours with `padding_free` on bench_trainer's fixed completions."""
+    import torch
+    from bench_trainer import PF_COMPLETION, FixedRollouts, id_reward
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    dtype = "float32" if args.smoke else "bfloat16"
+    common = dict(
+        output_dir=str(output_dir), report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        log_level="error", max_steps=args.steps, learning_rate=1e-6, seed=0, use_cpu=args.smoke,
+        bf16=not args.smoke, per_device_train_batch_size=batch, num_generations=min(8, batch),
+        max_completion_length=PF_COMPLETION["high"], gradient_checkpointing=not args.smoke,
+        model_init_kwargs={"dtype": dtype, "attn_implementation": attention},
+    )  # fmt: skip
+    if impl == "stock":
+        config, trainer_cls = GRPOConfig(**common, loss_type="grpo", scale_rewards="group"), GRPOTrainer
+    else:
+        config = AblationGRPOConfig(
+            **common, use_std_normalization=True, length_normalization="masked_mean", pg_loss_type="grpo_clip",
+            padding_free=True,
+        )  # fmt: skip
+        trainer_cls = AblationGRPOTrainer
+    prompts = [f"prompt {i}" for i in range(batch * (args.steps + 1))]
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    trainer = trainer_cls(
+        model, id_reward, args=config, train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tokenizer, rollout_func=FixedRollouts(len(tokenizer)),
+    )  # fmt: skip
+    timer = _step_timer()
+    trainer.add_callback(timer)
+    trainer.train()
+    first = next(e for e in trainer.state.log_history if "loss" in e)
+    result = {
+        "trainer": impl,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "step_s": timer.times,
+        "median_step_s": statistics.median(timer.times[1:] or timer.times),
+        **{f"first_{key}": first.get(key) for key in ("loss", "grad_norm", "entropy")},
+    }
+    del trainer
+    gc.collect()
+    return result
+
+
+@part("padding_free", minutes=5.0, default=False)
+def padding_free_part(args, workdir: Path) -> dict:
+    """Ours with `padding_free` vs stock `GRPOTrainer` (grpo pair), Qwen3-1.7B's config at random init, pure bf16,
+    gradient checkpointing, per-device batch 8 and 16 of bench_trainer's fixed completions (prompts 100-150 tokens,
+    completions log-normal median 250 clipped to [16, 1024]); sdpa, and flash-attention 2 when installed. Stock and
+    ours alternate which goes first. On CUDA TRL's fused LM head already scores only the completion tokens, so the
+    ratio is the packing's alone."""
+    import importlib.util
+
+    model = save_random_model(
+        "Qwen/Qwen3-1.7B", workdir / "qwen3_pf", args.smoke, "float32" if args.smoke else "bfloat16"
+    )
+    attentions = ["sdpa"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])
+    out: dict = {"attentions": attentions, "cases": {}}
+    for attention in attentions:
+        for index, batch in enumerate((2,) if args.smoke else (8, 16)):
+            order = ("stock", "ours_pf") if index % 2 == 0 else ("ours_pf", "stock")
+            runs = {}
+            for impl in order:
+                try:
+                    runs[impl] = padding_free_run(impl, model, batch, attention, args, workdir / f"pf_{impl}")
+                except Exception as err:  # an out-of-memory stock run is a result too
+                    runs[impl] = {"error": f"{type(err).__name__}: {err}"[:400]}
+                finally:
+                    _cleanup()
+            ours, stock = runs["ours_pf"], runs["stock"]
+            case = {**runs}
+            if "median_step_s" in ours and "median_step_s" in stock:
+                case["step_time_ratio_pf_over_stock"] = ours["median_step_s"] / stock["median_step_s"]
+                case["first_grad_norm_abs_diff"] = abs(ours["first_grad_norm"] - stock["first_grad_norm"])
+                if stock["peak_gib"]:
+                    case["peak_memory_ratio_pf_over_stock"] = ours["peak_gib"] / stock["peak_gib"]
+            out["cases"][f"{attention}, per-device batch {batch}"] = case
+            ratios = {k: v for k, v in case.items() if "ratio" in k}
+            print(f"padding_free {attention} batch {batch}: {json.dumps(ratios)}", flush=True)
+    return out
 
 
 # The CPU trainer benchmark as it stands, timed on the device's CPU cores (not in the default parts).
