@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from outcomes import TEST_THREADS, record_margin
 
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE_CPU = REPO / "accelerate_configs" / "cpu.yaml"
@@ -27,7 +28,7 @@ def _launch(script: str, config: Path, cwd: Path, *extra: str) -> subprocess.Com
         "HF_DATASETS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "WANDB_MODE": "offline",
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": str(TEST_THREADS),
     }
     accelerate = Path(sys.executable).with_name("accelerate")
     cmd = [
@@ -245,6 +246,7 @@ def test_sft_recipe_learns_and_logs_the_completion_only_loss(tmp_path):
     assert state["global_step"] == 10
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses)
+    record_margin("sft_recipe_loss_falls", ratio_last3_to_first3=sum(losses[-3:]) / sum(losses[:3]), bound=0.8)
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
 
     saved = AutoModelForCausalLM.from_pretrained(run_dir).eval()

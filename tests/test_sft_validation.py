@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from outcomes import TEST_THREADS, record_margin
 
 from trl_ext.sft_validation import loss_drop
 
@@ -91,7 +92,7 @@ def test_sft_recipe_measures_accuracy_at_every_evaluation(tmp_path):
         f"accuracy_source: {problems}", "accuracy_prompt: question_only", f"accuracy_max_tokens: {BUDGET}",
     )  # fmt: skip
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     try:
         run_sft_recipe(argv)
     finally:
@@ -111,6 +112,11 @@ def test_sft_recipe_measures_accuracy_at_every_evaluation(tmp_path):
     assert last["eval_reward"] == pytest.approx(sum(correct) / 4)  # question_only: reward = answer reward
     assert last[f"{KEY}/format_reward"] == pytest.approx(sum(_boxed(t) is not None for t, _ in completions) / 4)
     assert last["eval_completions/mean_length"] == pytest.approx(sum(n for _, n in completions) / 4)
+    eval_losses = [e["eval_loss"] for e in history if "eval_loss" in e]
+    record_margin(
+        "sft_validation_accuracy", accuracy=last[f"{KEY}/answer_reward"], bound=0.5, eval_loss_first=eval_losses[0],
+        eval_loss_last=eval_losses[-1],
+    )  # fmt: skip
     assert measured[0][f"{KEY}/answer_reward"] == 0.0 and last[f"{KEY}/answer_reward"] >= 0.5
 
     train = [e for e in history if "loss" in e]

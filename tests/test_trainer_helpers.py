@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from outcomes import TEST_THREADS
 
 PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
 TARGET_CHARS = set("0123456789")
@@ -35,9 +36,10 @@ COMMON = dict(
 def one_torch_thread():
     """Pin torch to one thread: tiny models gain nothing from more, and `pytest -n 2` on 2 cores with torch's
     default threads per worker oversubscribes the CPU (measured: the trainer tests took 343 s instead of 43 s).
-    Autouse in every module that imports it."""
+    Autouse in every module that imports it. `$TRL_EXT_TEST_THREADS` (tests/outcomes.py) overrides the 1: the
+    outcome matrix runs with 2 as well, where reductions round differently."""
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(previous)
 
