@@ -15,7 +15,7 @@ GPU_EXTRAS ?= dev,vllm,deepspeed,bitsandbytes
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: install run test lint format assets clean
+.PHONY: install run test outcome-matrix lint format assets clean
 
 install: $(STAMP)
 
@@ -50,6 +50,12 @@ run: install
 test: install assets
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
 		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+
+# The learning-outcome tests under ATEN_CPU_CAPABILITY=default / avx2 / avx512 (those this CPU has) x 1 and 2 torch
+# threads: pass/fail and each measured margin per setting (docs/testing.md); MATRIX_ARGS="--threads 1" etc.
+MATRIX_ARGS ?=
+outcome-matrix: install
+	$(PY) tests/scripts/outcome_matrix.py $(MATRIX_ARGS)
 
 lint: install
 	$(PY) -m ruff check .
