@@ -34,11 +34,15 @@ SMALL = [
     # TRL_EXT_TEST_THREADS=2 gives each arm 2 (and the warm start 4).
     "--threads", str(1 if TEST_THREADS == 1 else 2 * TEST_THREADS),
 ]  # fmt: skip
-# Bounds on the paired z statistics (difference of means over the 512 held-out problems / its standard error), each
-# at least as strict as the old "+3 points on 256 problems" was (about 2.5 SE sampled, 1.5 SE greedy). Sampled
-# accuracy (16 samples per problem) is the precise measure; greedy is one 0/1 outcome per problem. Measured per CPU
-# setting: the test's docstring and docs/testing.md.
-PAIRED_Z_MIN = {"sampled_vs_control": 2.5, "sampled_vs_start": 3.0, "greedy_vs_control": 1.5, "greedy_vs_start": 1.5}
+# Bounds on the paired z statistics (difference of means over the 512 held-out problems / its standard error). Float
+# rounding (kernel set, thread count) sends the 300 sampled GRPO steps down another trajectory, so a bound must sit
+# far below what any trajectory of this run gives: across the 6 settings of `make outcome-matrix` each z moved with
+# a spread (SD) of 0.45-0.49, and each bound is at least 4 such spreads below the mean over the settings (sampled vs
+# control 3.78 - 2.0 = 4.0 SD; sampled vs start 4.92 - 3.0 = 4.1 SD; greedy vs start 2.90 - 1.0 = 4.2 SD; greedy vs
+# control 2.44 - 0 = 4.9 SD). Sampled accuracy (16 samples per problem) carries the claim with significance (z >= 2
+# and 3); greedy (one 0/1 outcome per problem) only has to agree in direction vs the control. Per-setting values:
+# the test's docstring and docs/testing.md.
+PAIRED_Z_MIN = {"sampled_vs_control": 2.0, "sampled_vs_start": 3.0, "greedy_vs_control": 0.0, "greedy_vs_start": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +125,15 @@ def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_
     is paired over the 512 held-out problems and must clear its PAIRED_Z_MIN.
 
     Measured by tests/scripts/outcome_matrix.py (z: sampled vs control / sampled vs start / greedy vs control /
-    greedy vs start; bounds 2.5 / 3 / 1.5 / 1.5), ATEN_CPU_CAPABILITY x torch threads per arm:
+    greedy vs start; bounds 2 / 3 / 0 / 1), ATEN_CPU_CAPABILITY x torch threads per arm:
     default 1: 4.43 / 5.35 / 2.70 / 2.67    default 2: 3.43 / 5.15 / 2.36 / 3.01
     avx2 1:    4.13 / 5.29 / 3.21 / 3.57    avx2 2:    3.25 / 4.12 / 1.89 / 2.19
     avx512 1:  3.86 / 4.98 / 2.52 / 2.97    avx512 2:  3.59 / 4.66 / 1.95 / 2.99
-    (sampled accuracy: start 5.4-5.8%, GRPO 10.4-12.2%, control 6.4-7.3%). The sampled claims clear their bounds by
-    0.75 SE or more in every setting, the settings' spread being about 1.2; greedy vs control is the thin one (0.39
-    SE above its bound at avx2 with 2 threads): greedy is one 0/1 outcome per problem and 512 problems are nearly
-    all this task size holds (1,442 solvable, 900 for training). At seed 0 the effect is about +5 points greedy and
+    (sampled accuracy: start 5.4-5.8%, GRPO 10.4-12.2%, control 6.4-7.3%). The lowest value of each z clears its
+    bound by 1.25 / 1.12 / 1.89 / 1.19, and each bound is >= 4 cross-setting SDs (0.45-0.49) below the mean over the
+    settings (PAIRED_Z_MIN). Greedy is one 0/1 outcome per problem, and 512 problems are nearly all this task size
+    holds (1,442 solvable, 900 for training), so greedy vs the control is held to its direction; sampled accuracy
+    (16 samples a problem) carries the significance. At seed 0 the effect is about +5 points greedy and
     sampled; other seeds at this size measured from -3 to +6 points (seed 1 fails), so the test pins seed 0 and the
     many-seed claim stays `make run`'s.
 
