@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from trl_ext.launch.configs import read_recipe_serving
 from trl_ext.launch import plan_launch
+from trl_ext.launch.configs import read_recipe_serving
 from trl_ext.recipes import load_recipe_yaml_with_sources, parse_recipe_args
 from trl_ext.tasks.math import TEST_HUB_ID as MATH_TEST_HUB_ID
 from trl_ext.tasks.splits import DEFAULT_SOURCES
