@@ -32,10 +32,10 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _runs import run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -129,25 +129,7 @@ def child(kind: str, config: Path) -> None:
 
 def run_child(kind: str, config: Path, log: Path) -> float:
     """`child(kind, config)` in a subprocess, output to `log`; returns its wall seconds."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "WANDB_MODE": "offline",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--config", str(config)]
-    print("$", " ".join(cmd), f"> {log}", flush=True)
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{kind} run failed ({proc.returncode}); last lines of {log}:\n{tail}")
-    return time.perf_counter() - started
+    return run_logged([str(Path(__file__).resolve()), "--child", kind, "--config", str(config)], log, f"{kind} run")
 
 
 def summarize(run_dir: Path, process_wall_s: float) -> dict:

@@ -32,10 +32,10 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _runs import run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -120,24 +120,7 @@ def write_yaml(size: int, model: str, data: tuple[Path, Path, Path], run_dir: Pa
 
 def run_child(config: Path, log: Path) -> float:
     """`python recipes/sft.py --config CONFIG`, output to `log`; returns its wall seconds."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "WANDB_MODE": "offline",
-        "OMP_NUM_THREADS": "1",
-    }
-    cmd = [sys.executable, str(ROOT / "recipes" / "sft.py"), "--config", str(config)]
-    print("$", " ".join(cmd), f"> {log}", flush=True)
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{config.name} failed ({proc.returncode}); last lines of {log}:\n{tail}")
-    return time.perf_counter() - started
+    return run_logged([str(ROOT / "recipes" / "sft.py"), "--config", str(config)], log, config.name)
 
 
 def summarize(size: int, run_dir: Path, process_wall_s: float) -> dict:
