@@ -225,26 +225,17 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             batch_size: rows per forward (TRL passes the per-device batch for the old / reference log-probs).
             forward_kwargs: TRL's multimodal entries (must all be None with `padding_free`).
         """
+        padded = super()._get_per_token_logps_and_entropies
+        forward = self._packed_logps_and_entropies if self.args.padding_free else padded
         with compact_lm_head():  # only the completion tokens go through the LM head, on the CPU too
-            if not self.args.padding_free:
-                return super()._get_per_token_logps_and_entropies(
-                    model,
-                    input_ids,
-                    attention_mask,
-                    logits_to_keep,
-                    batch_size=batch_size,
-                    compute_entropy=compute_entropy,
-                    compute_aux_loss=compute_aux_loss,
-                    **forward_kwargs,
-                )
-            return self._packed_logps_and_entropies(
+            return forward(
                 model,
                 input_ids,
                 attention_mask,
                 logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
                 **forward_kwargs,
             )
 
