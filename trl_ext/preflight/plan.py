@@ -28,12 +28,12 @@ from trl_ext.preflight.environment import (
     resolve_wandb,
     world_size_from_env,
 )
+from trl_ext.preflight.knobs import knobs_to_fit
 from trl_ext.preflight.memory import (
     LOGPROB_TOKEN_CHUNK,
     MemoryEstimate,
     TrainingSetup,
     estimate_memory,
-    knobs_to_fit,
     largest_fitting_micro_batch,
 )
 from trl_ext.preflight.models import ModelShape, load_model_shape
