@@ -27,3 +27,19 @@ def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def ragged_rows(vocab: int, seed: int = 0):
+    """5 rows: prompts left-padded to 6 (lengths 6, 3, 1, 4, 2), completions right-padded to 9 (9, 2, 5, 0, 7).
+
+    Returns `(input_ids (5, 15), attention_mask (5, 15), 9)`: TRL's layout with `logits_to_keep` last.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lengths, completion_lengths, p, t = [6, 3, 1, 4, 2], [9, 2, 5, 0, 7], 6, 9
+    mask = torch.zeros(5, p + t, dtype=torch.long)
+    for row, (n_p, n_c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        mask[row, p - n_p : p + n_c] = 1
+    input_ids = torch.randint(7, vocab, (5, p + t), generator=gen).masked_fill(mask == 0, 0)
+    return input_ids, mask, t

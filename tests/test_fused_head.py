@@ -15,23 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 import trl.trainer.utils as trl_utils
+from helpers import ragged_rows
 from test_trainer_helpers import make_trainer, max_rel_diff, one_torch_thread  # noqa: F401 (autouse fixture)
 from trl import GRPOTrainer
 
 from trl_ext.fused_head import compact_lm_head
 
 LOGP_ATOL, GRAD_RTOL = 1e-6, 1e-5
-
-
-def _ragged_rows(vocab: int, seed: int = 0):
-    """5 rows: prompts left-padded to 6 (lengths 6, 3, 1, 4, 2), completions right-padded to 9 (9, 2, 5, 0, 7)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt_lengths, completion_lengths, p, t = [6, 3, 1, 4, 2], [9, 2, 5, 0, 7], 6, 9
-    mask = torch.zeros(5, p + t, dtype=torch.long)
-    for row, (n_p, n_c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
-        mask[row, p - n_p : p + n_c] = 1
-    input_ids = torch.randint(7, vocab, (5, p + t), generator=gen).masked_fill(mask == 0, 0)
-    return input_ids, mask, t
 
 
 def _logps_entropies_grads(trainer, method, input_ids, mask, t):
@@ -51,7 +41,7 @@ def test_compact_head_equals_stock_trl(char_tokenizer, qwen3_tokenizer, tmp_path
     tokenizer = qwen3_tokenizer if vocabulary == "qwen3" else char_tokenizer
     stock = make_trainer(tokenizer, tmp_path / "stock", stock=True)
     ours = make_trainer(tokenizer, tmp_path / "ours", padding_free=padding_free)
-    input_ids, mask, t = _ragged_rows(len(tokenizer), seed=1)
+    input_ids, mask, t = ragged_rows(len(tokenizer), seed=1)
     trl_logps, trl_ent, trl_grads = _logps_entropies_grads(
         stock, GRPOTrainer._get_per_token_logps_and_entropies, input_ids, mask, t
     )
@@ -87,7 +77,7 @@ def _head_row_counts(trainer, method, input_ids, mask, t) -> set[int]:
 
 
 def test_only_completion_tokens_reach_the_head(char_tokenizer, tmp_path):
-    input_ids, mask, t = _ragged_rows(len(char_tokenizer))
+    input_ids, mask, t = ragged_rows(len(char_tokenizer))
     scored = int(mask[:, -t:].sum())  # 23 completion tokens
     every_position = input_ids.size(0) * (input_ids.size(1) - 1)  # 70 = 5 rows x 14 next-token positions
     stock = make_trainer(char_tokenizer, tmp_path / "stock", stock=True)

@@ -22,6 +22,7 @@ import functools
 import pytest
 import torch
 from datasets import Dataset
+from helpers import ragged_rows
 from test_sampling import DATA, equal_or_varied_reward
 from test_trainer_helpers import (
     PROMPTS,
@@ -195,17 +196,6 @@ def test_padding_free_matches_padded(char_tokenizer, qwen3_tokenizer, tmp_path, 
 # The packed forward itself, and the log-prob function against TRL's and against full logits.
 
 
-def _ragged_rows(vocab: int, seed: int = 0):
-    """5 rows: prompts left-padded to 6 (lengths 6, 3, 1, 4, 2), completions right-padded to 9 (9, 2, 5, 0, 7)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt_lengths, completion_lengths, p, t = [6, 3, 1, 4, 2], [9, 2, 5, 0, 7], 6, 9
-    mask = torch.zeros(5, p + t, dtype=torch.long)
-    for row, (n_p, n_c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
-        mask[row, p - n_p : p + n_c] = 1
-    input_ids = torch.randint(7, vocab, (5, p + t), generator=gen).masked_fill(mask == 0, 0)
-    return input_ids, mask, t
-
-
 def test_pack_rows_by_hand():
     input_ids = torch.tensor([[0, 5, 6, 7, 0], [8, 9, 3, 4, 2], [0, 0, 1, 0, 0]])  # prompt columns 0-1
     mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 0, 0]])  # 3, 5 and 1 real tokens
@@ -236,7 +226,7 @@ def test_pack_rows_by_hand():
 def test_packed_forward_equals_padded_forward(char_tokenizer, attention, capacity):
     model = build_tiny_qwen3(char_tokenizer, seed=0)  # 2 layers, 4 heads
     model.config._attn_implementation = attention
-    input_ids, mask, t = _ragged_rows(len(char_tokenizer))  # rows of 15, 5, 6, 4 and 9 real tokens
+    input_ids, mask, t = ragged_rows(len(char_tokenizer))  # rows of 15, 5, 6, 4 and 9 real tokens
     packed = pack_rows(input_ids, mask, t, capacity=capacity)
     real = packed.index >= 0
     with torch.no_grad():
@@ -255,7 +245,7 @@ def test_packed_forward_equals_padded_forward(char_tokenizer, attention, capacit
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_probs_and_entropies_equal_trls_on_ragged_rows(char_tokenizer, tmp_path, temperature):
+def test_log_probs_and_entropies_equal_trls_onragged_rows(char_tokenizer, tmp_path, temperature):
     """Ours packed, in chunks of 3 rows (rows 1 and 2 share a packed row), against TRL's
     `_get_per_token_logps_and_entropies` (the trainer with `padding_free` off calls it) and against full logits /
     temperature -> log_softmax; gradients too."""
@@ -263,7 +253,7 @@ def test_log_probs_and_entropies_equal_trls_on_ragged_rows(char_tokenizer, tmp_p
         make_trainer(char_tokenizer, tmp_path / str(flag), padding_free=flag, temperature=temperature)
         for flag in (False, True)
     ]
-    input_ids, mask, t = _ragged_rows(len(char_tokenizer), seed=1)
+    input_ids, mask, t = ragged_rows(len(char_tokenizer), seed=1)
     results = []
     for trainer in trainers:
         model = trainer.model
@@ -311,7 +301,7 @@ def test_refuses_an_attention_that_cannot_pack_and_fixed_shapes(char_tokenizer, 
     trainer = make_trainer(char_tokenizer, tmp_path / "on", padding_free=True)
     trainer.model.config._attn_implementation = "paged|sdpa"
     with pytest.raises(ValueError, match=r"padding_free=True cannot be used here: attention implementation"):
-        trainer._get_per_token_logps_and_entropies(trainer.model, *_ragged_rows(len(char_tokenizer)))
+        trainer._get_per_token_logps_and_entropies(trainer.model, *ragged_rows(len(char_tokenizer)))
 
 
 def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_path):
@@ -322,7 +312,7 @@ def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_pat
     assert "multimodal" in packing_problem(tiny_model(char_tokenizer).config, is_multimodal=True)
 
     trainer = make_trainer(char_tokenizer, tmp_path, padding_free=True)
-    input_ids, mask, t = _ragged_rows(len(char_tokenizer))
+    input_ids, mask, t = ragged_rows(len(char_tokenizer))
     with pytest.raises(ValueError, match=r"padding_free=True cannot pack a multimodal batch.*pixel_values"):
         trainer._get_per_token_logps_and_entropies(
             trainer.model, input_ids, mask, t, pixel_values=torch.zeros(5, 3, 4, 4)
