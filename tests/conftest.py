@@ -69,6 +69,7 @@ def tiny_model(char_tokenizer):
 # processing time first). xdist's default reorder sorts modules by their number of tests, which put these few-test,
 # minute-long modules last, with one worker idle while the other ran them.
 LONGEST_FIRST = (
+    "test_evaluation_smollm2.py",  # a real 135M model generating 128 samples
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
     "test_demo.py",
     "test_gpu_check.py",
