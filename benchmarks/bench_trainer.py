@@ -305,6 +305,16 @@ def run_one(impl: str, pair: str, args, tmp: Path, index: int, batch: int | None
     return json.loads(out.read_text())
 
 
+def _medians(runs: list[dict]) -> dict[str, float]:
+    """Median per-step CPU and wall time over every timed step of `runs`, and their median peak RSS."""
+    return {
+        "median_step_cpu_s": statistics.median(t for r in runs for t in r["step_cpu_times"]),
+        "median_step_wall_s": statistics.median(t for r in runs for t in r["step_times"]),
+        "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
+        "median_train_peak_rss_mb": statistics.median(r["train_peak_rss_mb"] or 0.0 for r in runs),
+    }
+
+
 def padding_free_main(args) -> None:
     """Stock vs ours padding-free vs ours compact-head-only per per-device batch; writes `PF_RESULTS`."""
     import tempfile
@@ -330,12 +340,7 @@ def padding_free_main(args) -> None:
         med, losses = {}, {}
         for impl in impls:
             mine = [r for r in runs if r["batch"] == batch and r["impl"] == impl]
-            med[impl] = {
-                "median_step_cpu_s": statistics.median(t for r in mine for t in r["step_cpu_times"]),
-                "median_step_wall_s": statistics.median(t for r in mine for t in r["step_times"]),
-                "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
-                "median_train_peak_rss_mb": statistics.median(r["train_peak_rss_mb"] or 0.0 for r in mine),
-            }
+            med[impl] = _medians(mine)
             losses[impl] = {key: [r[f"first_{key}"] for r in mine] for key in ("loss", "grad_norm", "entropy")}
         row = {"per_device_batch": batch, **{f"{impl}_{k}": v for impl, m in med.items() for k, v in m.items()}}
         for impl in ("ours_pf", "ours_compact"):
@@ -461,12 +466,7 @@ def main() -> None:
         med = {}
         for impl in ("stock", "ours"):
             mine = [r for r in runs if r["pair"] == pair and r["impl"] == impl]
-            med[impl] = {
-                "median_step_wall_s": statistics.median(t for r in mine for t in r["step_times"]),
-                "median_step_cpu_s": statistics.median(t for r in mine for t in r["step_cpu_times"]),
-                "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine),
-                "median_train_peak_rss_mb": statistics.median(r["train_peak_rss_mb"] or 0.0 for r in mine),
-            }
+            med[impl] = _medians(mine)
         summary[pair] = {
             **{f"{impl}_{k}": v for impl, m in med.items() for k, v in m.items()},
             "step_time_ratio": med["ours"]["median_step_cpu_s"] / med["stock"]["median_step_cpu_s"],
