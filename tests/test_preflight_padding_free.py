@@ -42,8 +42,7 @@ def _parse(*extra: str):
 
 
 def _setup(padding_free: bool, **fields) -> TrainingSetup:
-    """The recipe's setup, with `padding_free` set on the parsed config by attribute (works with or without the
-    config field, which the trainer's change adds)."""
+    """The recipe's setup, with `padding_free` (a config field) and `fields` set on the parsed arguments."""
     script, args, model = _parse()
     args.padding_free = padding_free
     for name, value in fields.items():
@@ -93,8 +92,8 @@ def test_stated_expected_completion_tokens_and_its_cap(shape):
 
 
 def test_logprob_chunk_and_unchunked_head(shape):
-    # a 256-token tile (the trainer's chunk, if it exposes one as `logprob_chunk_size`)
-    train = estimate_memory(shape, _setup(False, logprob_chunk_size=256)).phases["train"]
+    # a 256-token tile (TRL's is a fixed 4096; the estimate takes the tile as a parameter)
+    train = estimate_memory(shape, replace(_setup(False), logprob_token_chunk=256)).phases["train"]
     assert train["log-prob head"] == head(1024, tile_tokens=256) == 1_278_214_144
     # materialised fp32 logits instead of tiles: 1024 x V x 4 and no fp32 head-gradient accumulator
     unchunked = replace(_setup(False), chunked_logprobs=False)
@@ -145,3 +144,18 @@ def test_plan_prints_the_assumption_and_the_pick(tmp_path):
     args.padding_free = False
     padded = check_recipe("countdown", RECIPE, [], (script, args, model), context, stated_values(RECIPE)).render()
     assert "micro-batch 2 x (266 + 512) tokens" in padded and "pick:" not in padded
+
+
+def test_expected_completion_tokens_on_a_padded_run_is_refused(tmp_path):
+    """The assumption only shapes a padding-free estimate; on a padded run it would be silently ignored."""
+    script, args, model = _parse("--output_dir", str(tmp_path / "run"), "--expected_completion_tokens", "100")
+    args.padding_free = False
+    context = RunContext(check_packages=False, gpu_memory_gib=80, memory_limit_gib=80)
+    report = check_recipe("countdown", RECIPE, [], (script, args, model), context, stated_values(RECIPE))
+    [problem] = [p for p in report.problems if p.field == "expected_completion_tokens"]
+    assert "pads every row to max_completion_length (512)" in problem.message
+    assert problem.fix == "unset --expected_completion_tokens, or add --padding_free true"
+    args.padding_free = True
+    report = check_recipe("countdown", RECIPE, [], (script, args, model), context, stated_values(RECIPE))
+    assert not [p for p in report.problems if p.field == "expected_completion_tokens"]
+    assert "100 expected of 512, padding-free: --expected_completion_tokens" in report.render()

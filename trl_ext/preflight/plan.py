@@ -30,7 +30,6 @@ from trl_ext.preflight.environment import (
 )
 from trl_ext.preflight.knobs import knobs_to_fit
 from trl_ext.preflight.memory import (
-    LOGPROB_TOKEN_CHUNK,
     MemoryEstimate,
     TrainingSetup,
     estimate_memory,
@@ -100,8 +99,8 @@ def _two_byte_dtype(model_args) -> str | None:
 def training_setup(task: str, script_args, args, model_args, layout: BatchLayout, context: RunContext):
     """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator).
 
-    `padding_free` and `logprob_chunk_size` are read with `getattr` (absent: padded, TRL's 4096-token tiles), and
-    `expected_completion_tokens` from the script arguments (absent or None: the memory module's default fraction).
+    `padding_free` is read with `getattr` (absent: padded), `expected_completion_tokens` from the script arguments
+    (absent or None: the memory module's default fraction); the log-prob tile is TRL's fixed 4096 tokens.
     """
     two_byte = _two_byte_dtype(model_args) is not None
     if args.use_vllm:
@@ -128,7 +127,6 @@ def training_setup(task: str, script_args, args, model_args, layout: BatchLayout
         gpu_memory_gib=context.gpu_memory_gib or context.memory_limit_gib,
         padding_free=bool(getattr(args, "padding_free", False)),
         expected_completion_tokens=getattr(script_args, "expected_completion_tokens", None),
-        logprob_token_chunk=int(getattr(args, "logprob_chunk_size", None) or LOGPROB_TOKEN_CHUNK),
     )
 
 
@@ -248,6 +246,15 @@ def _memory(
         return
     report.shape = shape
     setup = training_setup(task, script_args, args, model_args, layout, context)
+    if setup.expected_completion_tokens is not None and not setup.padding_free:
+        report.problems.append(
+            Problem(
+                "expected_completion_tokens",
+                f"is {setup.expected_completion_tokens}, but this run pads every row to max_completion_length "
+                f"({setup.completion_tokens}), so the estimate would ignore it",
+                "unset --expected_completion_tokens, or add --padding_free true",
+            )
+        )
     estimate = estimate_memory(shape, setup)
     report.estimate = estimate
     where = "per training GPU" if context.train_devices or context.gpu_memory_gib else "per training process"
