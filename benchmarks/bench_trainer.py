@@ -14,16 +14,16 @@ median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results
     python benchmarks/bench_trainer.py                # 12 runs + 2 paired, 5-10 minutes on 2 busy CPU cores
     python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
 
-Padding-free (`--padding-free`, issue 24): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock,
-ours with `padding_free=True`, ours with `padding_free=False` (what remains is the compact LM head,
-`trl_ext.fused_head`), so the two effects separate. Completions are not generated (far too slow on the CPU at these
-lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`): prompts of 100 to
-150 tokens (uniform, as Countdown's chat prompt), completion lengths log-normal with median 250 and sigma 0.75,
+Padding-free (`--padding-free`, issue 24): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock, ours
+with `padding_free=True`, ours with `padding_free=False` (what remains is the compact LM head,
+`trl_ext.grpo.fused_head`), so the two effects separate. Completions are not generated (far too slow on the CPU at
+these lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`): prompts of 100
+to 150 tokens (uniform, as Countdown's chat prompt), completion lengths log-normal with median 250 and sigma 0.75,
 clipped to [16, 1024] (about 3% reach 1024, as truncated Countdown / MATH rollouts do). The model is wider and deeper
 (`PF_MODEL`: 4 layers, 128 wide) so the transformer body costs something, though per token it is still ~1/20 of the
 151,669-row LM head's work (a 1.7B model's body is ~4x its head's), so on the CPU the head dominates. Writes
-benchmarks/results/trainer_padding_free.json; each trainer's first-step loss, gradient norm and entropy are recorded
-to check they agree.
+benchmarks/results/trainer_padding_free.json; each trainer's first-step loss, gradient norm and entropy are recorded to
+check they agree.
 
     python benchmarks/bench_trainer.py --padding-free --quick   # per-device batch 8, one ABBA-free pass, minutes
     python benchmarks/bench_trainer.py --padding-free           # batches 2, 8, 16, 2 repeats

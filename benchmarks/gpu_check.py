@@ -127,9 +127,9 @@ def run_trainer(kind: str, parsed, task: str) -> dict:
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
+    from trl_ext.grpo.trainer import AblationGRPOTrainer
     from trl_ext.recipes import adapt_generation_kwargs, load_grpo_datasets, model_init_kwargs
     from trl_ext.rewards import get_reward_funcs
-    from trl_ext.trainer import AblationGRPOTrainer
 
     script, args, model_args = parsed
     adapt_generation_kwargs(args)

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from trl_ext.cli import app
 from trl_ext.evaluation.pipeline import load_problems, render_prompts
-from trl_ext.evaluation.recipe import eval_config_from_recipe
 from trl_ext.plotting import plot_runs
+from trl_ext.recipes.evaluation import eval_config_from_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"

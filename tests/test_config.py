@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trl_ext import AblationGRPOConfig
-from trl_ext.axes import PG_LOSS_CHOICES
+from trl_ext.grpo.axes import PG_LOSS_CHOICES
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 
 BASE = dict(report_to="none", use_cpu=True, save_strategy="no")
@@ -42,10 +42,10 @@ def test_cs336_consistent_set_is_on_policy(tmp_path):
 
 
 def test_train_batch_size_divides_by_world_size(tmp_path, monkeypatch):
-    import trl_ext.config
+    import trl_ext.grpo.config
 
     # Only the world size the config reads is replaced; launching real processes is test_trainer_distributed's job.
-    monkeypatch.setattr(trl_ext.config, "_world_size", lambda: 2)
+    monkeypatch.setattr(trl_ext.grpo.config, "_world_size", lambda: 2)
     cfg = make(tmp_path, group_size=4, train_batch_size=16, rollout_batch_size=16, gradient_accumulation_steps=2)
     assert cfg.per_device_train_batch_size == 4  # 16 / (2 accumulation steps x 2 processes)
     with pytest.raises(ValueError, match="train_batch_size=6 must be divisible by gradient_accumulation_steps"):
@@ -311,10 +311,10 @@ def test_trainer_rechecks_train_batch_size_against_the_real_world_size(
 ):
     from datasets import Dataset
 
-    import trl_ext.config
+    import trl_ext.grpo.config
     from trl_ext import AblationGRPOTrainer
 
-    monkeypatch.setattr(trl_ext.config, "_world_size", lambda: 2)  # as if WORLD_SIZE=2 when the config was built
+    monkeypatch.setattr(trl_ext.grpo.config, "_world_size", lambda: 2)  # as if WORLD_SIZE=2 when the config was built
     args = make(tmp_path, group_size=4, train_batch_size=16, rollout_batch_size=16)
     assert args.per_device_train_batch_size == 8
     # ... but the trainer runs in 1 process: 8 * 1 * 1 != 16.

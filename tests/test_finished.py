@@ -1,4 +1,4 @@
-"""trl_ext.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item 4).
+"""trl_ext.grpo.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item 4).
 
 TRL 1.16 calls every completion without a final EOS truncated, so with `stop: ["</answer>"]` each answered
 completion counted in `completions/clipped_ratio` and `mask_truncated_completions` dropped it from the loss. The
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from test_trainer_helpers import COMMON, group_inputs, one_torch_thread, prompt_dataset, tiny_model  # noqa: F401
 
-from trl_ext.finished import finished_completions, stop_strings
+from trl_ext.grpo.finished import finished_completions, stop_strings
 
 STOP = "</answer>"
 

@@ -19,7 +19,7 @@ from helpers import ragged_rows
 from test_trainer_helpers import make_trainer, max_rel_diff, one_torch_thread  # noqa: F401 (autouse fixture)
 from trl import GRPOTrainer
 
-from trl_ext.fused_head import compact_lm_head
+from trl_ext.grpo.fused_head import compact_lm_head
 
 LOGP_ATOL, GRAD_RTOL = 1e-6, 1e-5
 

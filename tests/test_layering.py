@@ -1,7 +1,10 @@
-"""Layers point one way (docs/gpu.md, the preflight): `trl_ext.preflight` checks a parsed plan and imports neither
-`trl_ext.recipes` nor `trl_ext.launch`; `trl_ext.recipes` (parse, and the entry points that parse, check and start)
-does not import `trl_ext.launch`; and none of the three imports another of them inside a function to dodge an import
-loop (issue #23: preflight.entry and preflight.plan imported the recipes, which imported the preflight back)."""
+"""Layers point one way (docs/architecture.md): every module and package directly under `trl_ext` has a layer, and a
+module imports only from layers below its own, at the top of the file or inside a function alike (a function-local
+import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
+#28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
+
+Top to bottom: `cli` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`, `evaluation` ->
+`preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`."""
 
 from __future__ import annotations
 
@@ -11,32 +14,87 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
-LAYERS = ("preflight", "recipes", "launch")  # lowest first
-# package -> the packages it must not import
-FORBIDDEN = {"preflight": ("trl_ext.recipes", "trl_ext.launch"), "recipes": ("trl_ext.launch",), "launch": ()}
+LAYERS = (
+    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets"),
+    ("preflight", "tasks", "plotting"),
+    ("grpo", "evaluation"),
+    ("expert_iteration",),
+    ("recipes", "demo", "discover"),
+    ("launch",),
+    ("cli",),
+)
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 
-def _imports(path: Path) -> list[tuple[str, bool]]:
-    """(imported module, inside a function) for every import of a module file."""
+def _unit(module: str) -> str | None:
+    """The unit under `trl_ext` a dotted module belongs to (`trl_ext.grpo.trainer` -> "grpo"); None for others."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trl_ext" and len(parts) > 1 else None
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) for every absolute import of a module file, function-local ones included."""
     found = []
-
-    def visit(node, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-            if isinstance(child, ast.ImportFrom) and child.module:
-                found.append((child.module, inside))
-            elif isinstance(child, ast.Import):
-                found.extend((alias.name, inside) for alias in child.names)
-            visit(child, inside)
-
-    visit(ast.parse(path.read_text()), False)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
     return found
 
 
-@pytest.mark.parametrize("layer", LAYERS)
-def test_layers_point_one_way_without_function_local_dodges(layer):
-    for path in sorted((PACKAGE / layer).glob("*.py")):
-        for module, in_function in _imports(path):
-            assert not module.startswith(FORBIDDEN[layer]), f"{path.name} imports {module}, a layer above"
-            others = tuple(f"trl_ext.{name}" for name in LAYERS if name != layer)
-            assert not (in_function and module.startswith(others)), f"{path.name}: function-local import of {module}"
+def _modules() -> list[tuple[str, Path]]:
+    """(unit, file) for every module of the package but its root `__init__`."""
+    return [
+        (path.relative_to(PACKAGE).parts[0].removesuffix(".py"), path)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.parent != PACKAGE or path.name != "__init__.py"
+    ]
+
+
+def _upward_imports(units: set[str] | None = None) -> list[str]:
+    problems = []
+    for unit, path in _modules():
+        if units is not None and unit not in units:
+            continue
+        for module, line in _imports(path):
+            target = _unit(module)
+            if target is None or target == unit or target not in RANK:
+                continue
+            if RANK[target] >= RANK[unit]:
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({unit}) imports {module} ({target})")
+    return problems
+
+
+def test_every_unit_has_a_layer():
+    units = {unit for unit, _ in _modules()} - {"__main__"}
+    assert units - set(RANK) == set(), "place new modules / packages in LAYERS (and in docs/architecture.md)"
+    assert set(RANK) - units == set(), "LAYERS names a unit that no longer exists"
+
+
+@pytest.mark.parametrize("rank", range(len(LAYERS)), ids=["/".join(units) for units in LAYERS])
+def test_layers_point_one_way_without_function_local_dodges(rank):
+    assert _upward_imports(set(LAYERS[rank])) == []
+
+
+def test_evaluation_never_imports_recipes():
+    """The evaluation is a library (sampling, scoring, summaries): turning a recipe into an `EvalConfig` lives with
+    the recipes (`trl_ext.recipes.evaluation`), and `trl-ext eval` is registered by `trl_ext.cli`."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for unit, path in _modules()
+        if unit == "evaluation"
+        for module, line in _imports(path)
+        if _unit(module) in ("recipes", "launch", "cli")
+    ]
+    assert offenders == []
+
+
+def test_package_inits_register_no_commands():
+    """`trl_ext.cli` registers every command from the module that defines it; no package `__init__` re-exports a
+    command's `register`."""
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        for node in ast.walk(ast.parse(init.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = {alias.name for alias in node.names}
+                assert "register" not in names, f"{init.relative_to(PACKAGE.parent)}:{node.lineno}"

@@ -1,6 +1,6 @@
 """`padding_free`: each micro-batch's rows packed into one sequence give the same loss, gradients and metrics.
 
-The packed path (`trl_ext.packing` + `AblationGRPOTrainer._get_per_token_logps_and_entropies`) against the padded
+The packed path (`trl_ext.grpo.packing` + `AblationGRPOTrainer._get_per_token_logps_and_entropies`) against the padded
 one, which is TRL 1.16's own `_get_per_token_logps_and_entropies` (itself checked against stock `GRPOTrainer` in
 test_trainer_equivalence.py). Per case two trainers are built from the same keywords, `padding_free` off and on;
 both generate with the same seed (the old and reference log-probs TRL computes there go through the packed path
@@ -41,8 +41,8 @@ from test_trainer_helpers import (
 )
 
 from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+from trl_ext.grpo.packing import assign_rows, pack_rows, packing_problem, unpack_per_token
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
-from trl_ext.packing import assign_rows, pack_rows, packing_problem, unpack_per_token
 from trl_ext.tiny import build_tiny_qwen3
 
 LOSS_ATOL, GRAD_RTOL = 1e-6, 1e-5

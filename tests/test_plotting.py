@@ -33,7 +33,7 @@ def _train(tmp_path, name, loss_type, rollouts: bool):
             self.generations.append((self.model.training, list(self._logs["completion"])[-len(inputs) :]))
             return out
 
-    from trl_ext.callbacks import RolloutSamplesCallback
+    from trl_ext.grpo.callbacks import RolloutSamplesCallback
     from trl_ext.rewards import countdown_reward
     from trl_ext.tasks import load_task
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
@@ -169,7 +169,7 @@ def test_wall_clock_rebuilt_from_step_time_and_eval_runtime(two_runs):
 
 
 def test_rollouts_file_matches_the_trainer_logs(two_runs):
-    from trl_ext.callbacks import read_rollouts
+    from trl_ext.grpo.callbacks import read_rollouts
     from trl_ext.rewards import countdown_reward_fn
 
     run_dir, trainer = two_runs["grpo_clip"]

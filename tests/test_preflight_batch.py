@@ -20,7 +20,7 @@ SEEDS = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "p
 
 def test_trl_defaults_the_pure_module_assumes_are_trls():
     """Bug caught: TRL changing a default (e.g. per_device_train_batch_size 8 -> 4) while batch.py still assumes it."""
-    from trl_ext.config import AblationGRPOConfig
+    from trl_ext.grpo.config import AblationGRPOConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(AblationGRPOConfig)}
     for key, value in TRL_BATCH_DEFAULTS.items():

@@ -203,7 +203,7 @@ def test_recipe_differs_from_its_reference_only_in_the_intended_keys(recipe):
 def test_every_recipe_parses_into_the_three_configs(recipe):
     from trl import ModelConfig, SFTConfig
 
-    from trl_ext.config import AblationGRPOConfig
+    from trl_ext.grpo.config import AblationGRPOConfig
 
     script_args, training_args, model_args = _parse(recipe)
     assert isinstance(model_args, ModelConfig)

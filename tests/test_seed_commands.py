@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import trl_ext.evaluation.cli as eval_cli
+import trl_ext.recipes.eval_command as eval_cli
 from trl_ext.cli import app
 from trl_ext.recipes import optimizer_steps_per_rollout, parse_recipe_args
 

@@ -1,6 +1,6 @@
-"""Validation accuracy during SFT (`trl_ext.sft_validation`, `accuracy_*` recipe fields) through the real SFT recipe
-path (`run_sft_recipe` on a YAML whose `base:` is recipes/sft/size_128.yaml), with the transformers backend; the vLLM
-backend's generation is checked on the real engine in tests/test_vllm_expert_iteration.py."""
+"""Validation accuracy during SFT (`trl_ext.expert_iteration.sft_validation`, `accuracy_*` recipe fields) through
+the real SFT recipe path (`run_sft_recipe` on a YAML whose `base:` is recipes/sft/size_128.yaml), with the transformers
+backend; the vLLM backend's generation is checked on the real engine in tests/test_vllm_expert_iteration.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from outcomes import TEST_THREADS, record_margin
 
-from trl_ext.sft_validation import loss_drop
+from trl_ext.expert_iteration.sft_validation import loss_drop
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT_TEMPLATE = (

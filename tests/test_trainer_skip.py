@@ -18,8 +18,8 @@ from test_trainer_helpers import (
 )
 
 from trl_ext import AblationGRPOTrainer
+from trl_ext.grpo.trainer import drop_zero_advantage_rows
 from trl_ext.objectives import LENGTH_NORMALIZATIONS, PG_LOSS_TYPES
-from trl_ext.trainer import drop_zero_advantage_rows
 
 LOSS_ATOL, GRAD_RTOL = 1e-6, 1e-5
 

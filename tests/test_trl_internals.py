@@ -1,4 +1,4 @@
-"""Guard: the TRL / transformers internals that `trl_ext.trainer` and `trl_ext.config` rely on.
+"""Guard: the TRL / transformers internals that `trl_ext.grpo.trainer` and `trl_ext.grpo.config` rely on.
 
 AblationGRPOTrainer overrides private GRPOTrainer methods and rewrites their outputs. When a TRL upgrade renames a
 method, changes a signature, an output key or the `_metrics` / `_logs` layout, these tests fail first, with a
@@ -19,10 +19,11 @@ import trl
 from test_trainer_helpers import generate, group_inputs, make_trainer, one_torch_thread  # noqa: F401 (autouse fixture)
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ext.axes import TRL_ADVANTAGE_EPS, TRL_DEFAULT_LOSS_TYPE, TRL_EPSILON, TRL_LOSS_TYPES, TRL_SCALE_REWARDS
-from trl_ext.trainer import _FORWARD_KEYS, _LOSS_FIELDS
+from trl_ext.grpo.axes import TRL_ADVANTAGE_EPS, TRL_DEFAULT_LOSS_TYPE, TRL_EPSILON, TRL_LOSS_TYPES, TRL_SCALE_REWARDS
+from trl_ext.grpo.rows import FORWARD_KEYS
+from trl_ext.grpo.trainer import _LOSS_FIELDS
 
-WHERE = "trl_ext/trainer.py, trl_ext/axes.py"
+WHERE = "trl_ext/grpo/trainer.py, trl_ext/grpo/rows.py, trl_ext/grpo/axes.py"
 
 
 def _changed(what: str) -> str:
@@ -66,18 +67,18 @@ def test_constructor_and_loss_entry_points():
 def test_logps_helper_signature():
     params = _params(GRPOTrainer._get_per_token_logps_and_entropies)
     needed = ["model", "input_ids", "attention_mask", "logits_to_keep", "compute_entropy", "compute_aux_loss"]
-    missing = [p for p in [*needed, *_FORWARD_KEYS] if p not in params]
+    missing = [p for p in [*needed, *FORWARD_KEYS] if p not in params]
     assert not missing, _changed(f"_get_per_token_logps_and_entropies lost parameters {missing}")
     assert params[1:5] == needed[:4], _changed(f"_get_per_token_logps_and_entropies positional order {params[1:5]}")
 
 
 def test_fused_lm_head_choice_that_compact_lm_head_swaps():
-    # trl_ext.fused_head swaps the `_use_triton` name trl.trainer.utils looks up when `_fused_forward` decides to
+    # trl_ext.grpo.fused_head swaps the `_use_triton` name trl.trainer.utils looks up when `_fused_forward` decides to
     # score only the labelled positions; the TRL method must still go through the fused head.
     import trl.kernels.chunked_logprob as kernel
     import trl.trainer.utils as trl_utils
 
-    where = "trl_ext/fused_head.py"
+    where = "trl_ext/grpo/fused_head.py"
     assert trl_utils._use_triton is kernel._use_triton, _changed(
         f"trl.trainer.utils no longer imports _use_triton ({where})"
     )
@@ -117,7 +118,7 @@ def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
 
 
 def test_config_fields_and_defaults_the_config_maps_onto():
-    # With no axis field set, AblationGRPOConfig resolves to these TRL defaults (trl_ext/axes.py hard-codes them).
+    # With no axis field set, AblationGRPOConfig resolves to these TRL defaults (trl_ext/grpo/axes.py hard-codes them).
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     expected = {
         "loss_type": TRL_DEFAULT_LOSS_TYPE,
@@ -139,15 +140,15 @@ def test_config_fields_and_defaults_the_config_maps_onto():
         "multi_objective_aggregation": "sum_then_normalize",
     }
     for name, value in expected.items():
-        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/config.py reads it)")
+        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/grpo/config.py reads it)")
         assert defaults[name] == value, _changed(f"GRPOConfig.{name} default {defaults[name]!r}, was {value!r}")
     for name in _LOSS_FIELDS:  # the loss parameters the trainer hands to the registered losses
-        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/trainer.py passes it)")
+        assert name in defaults, _changed(f"GRPOConfig.{name} no longer exists (trl_ext/grpo/trainer.py passes it)")
     assert "steps_per_generation" in inspect.getsource(GRPOConfig.__post_init__)
 
 
 def test_trl_loss_types_and_advantage_formulas_are_the_ones_mapped():
-    # A new or renamed TRL loss_type / scale_rewards must be mapped onto the axes (trl_ext/axes.py) and get an
+    # A new or renamed TRL loss_type / scale_rewards must be mapped onto the axes (trl_ext/grpo/axes.py) and get an
     # equivalence case (tests/test_trainer_equivalence.py) before trl_ext claims to be a drop-in for it.
     loss_source = inspect.getsource(GRPOTrainer._compute_loss)
     named = set(

@@ -31,10 +31,10 @@ def test_transformers_is_in_the_range_gpu_vllm_accepts():
 
 
 @pytest.mark.parametrize(
-    "module", ["trl_ext", "trl_ext.cli", "trl_ext.evaluation", "trl_ext.launch", "trl_ext.vllm_sync"]
+    "module", ["trl_ext", "trl_ext.cli", "trl_ext.evaluation", "trl_ext.launch", "trl_ext.grpo.vllm_sync"]
 )
 def test_trl_ext_modules_do_not_import_vllm(module):
-    """Only `generate_vllm` and an engine TRL built import vllm. (`trl_ext.trainer` imports `trl.GRPOTrainer`, and
+    """Only `generate_vllm` and an engine TRL built import vllm. (`trl_ext.grpo.trainer` imports `trl.GRPOTrainer`, and
     TRL itself imports vllm whenever it is installed.)"""
     code = f"import sys, {module}; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=REPO)

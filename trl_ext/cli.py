@@ -1,10 +1,17 @@
-"""`trl-ext`: the command-line entry point (Typer). Each command imports its heavy machinery lazily."""
+"""`trl-ext`: the command-line entry point (Typer). Each command imports its heavy machinery lazily.
+
+Commands are registered here, at the top, from the module that owns each one's options, never from a package's
+`__init__`: a library (`trl_ext.evaluation`) stays free of the layers above it.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from trl_ext import discover, evaluation, launch, plotting
+from trl_ext.discover.cli import register as register_discover
+from trl_ext.launch.cli import register as register_launch
+from trl_ext.plotting import register as register_plot
+from trl_ext.recipes.eval_command import register as register_eval
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="trl_ext: GRPO ablations with verified rewards.")
 
@@ -17,10 +24,10 @@ def _root() -> None:
 
 
 # Each module owns its command's options; their top-level imports are light (torch/trl load inside commands).
-evaluation.register(app)
-plotting.register(app)
-launch.register(app)
-discover.register(app)
+register_eval(app)
+register_plot(app)
+register_launch(app)
+register_discover(app)
 
 
 def main() -> None:

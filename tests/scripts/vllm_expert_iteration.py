@@ -119,7 +119,7 @@ def sft_accuracy_on_the_engine(trainer, data, out_dir: Path) -> dict:
     from trl import SFTConfig
 
     from trl_ext.evaluation import EvalConfig, ground_truth_of, load_problems
-    from trl_ext.sft_validation import ValidatingSFTTrainer, ValidationAccuracy
+    from trl_ext.expert_iteration.sft_validation import ValidatingSFTTrainer, ValidationAccuracy
 
     config = EvalConfig(
         model="(the policy)", task="countdown", data_file=str(data), split="train[20:24]", prompt="compact",

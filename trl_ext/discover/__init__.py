@@ -8,7 +8,6 @@ is light: torch and numpy load only when a backend or the verifier runs.
 """
 
 from trl_ext.discover.backends import BackendError, OpenAIChatBackend, TransformersChatBackend
-from trl_ext.discover.cli import register
 from trl_ext.discover.loop import FEEDBACK_PROMPT, DiscoveryConfig, run_discovery
 
 __all__ = [
@@ -17,6 +16,5 @@ __all__ = [
     "DiscoveryConfig",
     "OpenAIChatBackend",
     "TransformersChatBackend",
-    "register",
     "run_discovery",
 ]

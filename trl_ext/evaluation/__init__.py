@@ -25,10 +25,10 @@ Accuracy is the mean answer reward; pass@1 equals it.
 
 Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `transformers_backend` and
 `vllm_backend` (generation), `scoring` (reward components and records), `summary` (pass@N / Best@N, categories),
-`pipeline` (`evaluate_model` in memory, `evaluate` with files), `cli` (`trl-ext eval`).
+`pipeline` (`evaluate_model` in memory, `evaluate` with files). A library: it knows nothing of recipes
+(`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`; `trl_ext.recipes.eval_command` is `trl-ext eval`).
 """
 
-from trl_ext.evaluation.cli import register
 from trl_ext.evaluation.config import BACKENDS, REWARD_NAMES, STOP, TASK_NAMES, EvalConfig, parse_int_list
 from trl_ext.evaluation.pipeline import evaluate, evaluate_model, load_problems, render_prompts, resolve_backend
 from trl_ext.evaluation.samples import Sample, cut_sample, cut_samples
@@ -67,7 +67,6 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_problems",
     "parse_int_list",
-    "register",
     "render_prompts",
     "resolve_backend",
     "reward_name_for",

@@ -13,8 +13,8 @@ import contextlib
 
 import torch
 
+from trl_ext.grpo.sampling import loss_mask
 from trl_ext.objectives import compute_entropy, sft_microbatch_train_step
-from trl_ext.sampling import loss_mask
 
 
 def kept_mask(rewards_per_func: torch.Tensor, weights: torch.Tensor, min_reward: float) -> torch.Tensor:

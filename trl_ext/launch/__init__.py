@@ -21,7 +21,7 @@ check), `supervision` (processes, signals, health polling), `table` (every shipp
 `cli` (the Typer command). Top-level imports stay stdlib + typer so `trl-ext --help` is fast.
 """
 
-from trl_ext.launch.cli import SERVER_CMD_ENV, TRAIN_CMD_ENV, register
+from trl_ext.launch.cli import SERVER_CMD_ENV, TRAIN_CMD_ENV
 from trl_ext.launch.configs import (
     TRL_DEFAULT_HOST,
     TRL_DEFAULT_PORT,
@@ -64,7 +64,6 @@ __all__ = [
     "plan_launch",
     "read_accelerate_config",
     "read_recipe_serving",
-    "register",
     "run_launch",
     "server_command",
     "server_parallelism",

@@ -11,7 +11,7 @@ A recipe states the seeds' batch vocabulary; the world size W (training processe
 When a recipe gives `train_batch_size` and `per_device_train_batch_size` (the micro-batch, what memory depends on)
 but not `gradient_accumulation_steps`, GA is derived for W: `train_batch_size / (per_device x W)`. That is how the
 shipped recipes keep the seeds' 256 completions per step on 1, 2, 4 or 8 GPUs. A recipe that gives GA instead gets
-the per-device batch derived from it (`trl_ext.config`). Every failure comes with fixes that were re-checked here.
+the per-device batch derived from it (`trl_ext.grpo.config`). Every failure comes with fixes that were re-checked here.
 """
 
 from __future__ import annotations

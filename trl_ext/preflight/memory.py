@@ -40,11 +40,11 @@ no-grad forward (validation) holds one layer at a time: `2 H x res + 2 x (2 q + 
 
 Log-prob head: TRL 1.16 never builds the `(tokens, vocab)` logits (`trl.kernels.ChunkedLogProbFunction`, which
 `GRPOTrainer._get_per_token_logps_and_entropies` calls with `fused_lm_head=True` on the padded layout, and
-`trl_ext.packing` on the packed one): it projects tiles of 4096 tokens x 32768 vocabulary entries and, in the backward,
-accumulates the LM head's gradient in fp32 (`V x H x 4` bytes; 1.2 GiB for Qwen3's 151,936 x 2048) plus fp32 gradients
-of the scored hidden states. Materialised fp32 logits would cost `tokens x V x 4` (Qwen3-1.7B, 2 x 1024 completion
-tokens: 1.2 GiB; 256 x 1024 in one validation batch: 148 GiB); the estimate reports that number for reference, and
-counts it instead of the tile when `TrainingSetup.chunked_logprobs` is False.
+`trl_ext.grpo.packing` on the packed one): it projects tiles of 4096 tokens x 32768 vocabulary entries and, in the
+backward, accumulates the LM head's gradient in fp32 (`V x H x 4` bytes; 1.2 GiB for Qwen3's 151,936 x 2048) plus fp32
+gradients of the scored hidden states. Materialised fp32 logits would cost `tokens x V x 4` (Qwen3-1.7B, 2 x 1024
+completion tokens: 1.2 GiB; 256 x 1024 in one validation batch: 148 GiB); the estimate reports that number for
+reference, and counts it instead of the tile when `TrainingSetup.chunked_logprobs` is False.
 
 Padding-free (`padding_free`, issue 24): a micro-batch's rows are packed into one sequence of their real tokens, so
 its activations and scored hidden states follow `b x (prompt + E)` tokens, E the completion length a row is expected

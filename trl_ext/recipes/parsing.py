@@ -7,7 +7,7 @@ same YAML trains 256 completions per step on 1, 2, 4 or 8 GPUs.
 
 Every flag a YAML can set, the command line can set or unset: a field that may be None takes `null` (YAML's spelling
 of None; `--use_std_normalization null`, `--reward_funcs null`). A flag that changes an objective axis
-(`trl_ext.axes.AXIS_FIELDS`) can make a value the YAML states for another field meaningless: `--pg_loss_type
+(`trl_ext.grpo.axes.AXIS_FIELDS`) can make a value the YAML states for another field meaningless: `--pg_loss_type
 no_baseline` on a recipe with `use_std_normalization: true` (raw rewards have no std). Such a YAML value is dropped,
 with a warning naming it and its file, because it would not change what trains. When a flag contradicts a YAML value
 instead (both would change what trains), the error names the flag that unsets the YAML's value."""
@@ -91,7 +91,7 @@ def _recipe_parser_class():
 def _parse_resolving_axes(parser, args: list[str], config: dict, sources: dict, path: Path):
     """`parse_args_into_dataclasses` with the YAML values that command-line axis flags make meaningless dropped, and
     the YAML values they contradict named with the flags that unset them (module docstring)."""
-    from trl_ext.axes import AXIS_FIELDS, AxisFieldError
+    from trl_ext.grpo.axes import AXIS_FIELDS, AxisFieldError
 
     given = fields_on_command_line(parser, args)
     changes_axes = bool(given & set(AXIS_FIELDS))
@@ -201,7 +201,7 @@ def make_parser(kind: str = "grpo", prog: str | None = None, task: str | None = 
     from trl import ModelConfig, SFTConfig
 
     if kind == "grpo":
-        from trl_ext.config import AblationGRPOConfig
+        from trl_ext.grpo.config import AblationGRPOConfig
 
         types = (GRPOScriptArguments, AblationGRPOConfig, ModelConfig)
     elif kind == "sft":

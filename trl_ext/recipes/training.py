@@ -29,9 +29,9 @@ def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
 
 
 def add_rollout_logging(trainer, every_n_steps: int):
-    """Attach `trl_ext.callbacks.RolloutSamplesCallback` (example rollouts to `<output_dir>/rollouts.jsonl` every
+    """Attach `trl_ext.grpo.callbacks.RolloutSamplesCallback` (example rollouts to `<output_dir>/rollouts.jsonl` every
     `every_n_steps` steps); returns the callback, or None when `every_n_steps` is 0."""
-    from trl_ext.callbacks import RolloutSamplesCallback
+    from trl_ext.grpo.callbacks import RolloutSamplesCallback
 
     if not every_n_steps:
         return None
@@ -47,7 +47,7 @@ def build_grpo_trainer(
     parsed recipe; TRL loads the model from `model_name_or_path`."""
     from trl import get_peft_config, get_quantization_config
 
-    from trl_ext.trainer import AblationGRPOTrainer
+    from trl_ext.grpo.trainer import AblationGRPOTrainer
 
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
@@ -86,8 +86,8 @@ def validation_accuracy(script_args, training_args):
     from dataclasses import fields
 
     from trl_ext.evaluation import EvalConfig, ground_truth_of, load_problems, reward_name_for
+    from trl_ext.expert_iteration.sft_validation import ValidationAccuracy
     from trl_ext.recipes.arguments import SFTScriptArguments
-    from trl_ext.sft_validation import ValidationAccuracy
 
     backend = script_args.accuracy_backend
     defaults = {f.name: f.default for f in fields(SFTScriptArguments)}
@@ -124,11 +124,12 @@ def validation_accuracy(script_args, training_args):
 
 
 def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, accuracy=None):
-    """`trl_ext.sft_validation.ValidatingSFTTrainer` (TRL's SFTTrainer, plus validation accuracy when `accuracy`
-    is given, and `step_time`) for a parsed SFT recipe; TRL loads the model from `model_name_or_path`."""
+    """`trl_ext.expert_iteration.sft_validation.ValidatingSFTTrainer` (TRL's SFTTrainer, plus validation accuracy
+    when `accuracy` is given, and `step_time`) for a parsed SFT recipe; TRL loads the model from
+    `model_name_or_path`."""
     from trl import get_peft_config, get_quantization_config
 
-    from trl_ext.sft_validation import ValidatingSFTTrainer
+    from trl_ext.expert_iteration.sft_validation import ValidatingSFTTrainer
 
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trl_ext.grpo.rows import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
 from trl_ext.objectives.advantages import _group_stats, _grouped
 from trl_ext.objectives.aggregation import _weighted_sum
 
@@ -41,19 +42,6 @@ logger = logging.getLogger(__name__)
 # generation cost at 3x a plain step.
 DEFAULT_MAX_GENERATION_BATCHES = 4
 
-# Per-completion batch entries: (pad on the left, pad value; None = the tokenizer's pad id). 1-D entries ignore both.
-ROW_ENTRIES = {
-    "prompt_ids": (True, None),
-    "prompt_mask": (True, 0),
-    "completion_ids": (False, None),
-    "completion_mask": (False, 0),
-    "tool_mask": (False, 1),
-    "advantages": (False, 0),
-    "old_per_token_logps": (False, 0.0),
-    "sampling_per_token_logps": (False, 0.0),
-    "ref_per_token_logps": (False, 0.0),
-    "importance_sampling_ratio": (False, 0.0),
-}
 _LOG_KEYS = ("prompt", "completion", "advantages", "images")
 
 
@@ -124,27 +112,6 @@ def select_groups(uniform_per_batch: Sequence[torch.Tensor], target: int) -> tup
     varied = (~uniform).nonzero().flatten().tolist()[:target]
     filler = uniform.nonzero().flatten().tolist()[: target - len(varied)]
     return varied + filler, len(varied), len(filler)
-
-
-def pad_and_concat(tensors: Sequence[torch.Tensor], pad_value: float, left: bool) -> torch.Tensor:
-    """Concatenate `(n_i, T_i)` tensors along rows after padding each to `max T_i` columns (1-D: plain concat).
-
-    Args:
-        tensors: the blocks; all 1-D or all 2-D.
-        pad_value: fill of the added columns.
-        left: pad on the left (prompts, as TRL left-pads them) instead of the right (completions).
-
-    Returns:
-        `(sum n_i, max T_i)` (or `(sum n_i,)`).
-    """
-    if tensors[0].dim() == 1:
-        return torch.cat(list(tensors))
-    width = max(t.size(1) for t in tensors)
-    padded = []
-    for t in tensors:
-        extra = t.new_full((t.size(0), width - t.size(1)), pad_value)
-        padded.append(torch.cat([extra, t] if left else [t, extra], dim=1))
-    return torch.cat(padded)
 
 
 def draw_prompt_indices(num_rows: int, num_prompts: int, group_size: int, seed: str) -> list[int]:
@@ -309,50 +276,6 @@ class DynamicSamplingMixin:
             taken[key] = {name: list(values) for name, values in self._logs[key].items()}
             self._logs[key].clear()
         return taken
-
-
-def loss_mask(batch: dict) -> torch.Tensor:
-    """`(B, T)` completion tokens that count in the loss (tool outputs excluded), as TRL."""
-    mask = batch["completion_mask"]
-    return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
-
-
-def trim_padding(batch: dict, multiple: int | None = None, trim_prompt: bool = True) -> dict:
-    """Drop the prompt columns that are padding in every row (left) and the completion columns after every row's
-    last completion token (right), keeping widths multiples of `multiple` when set; returns a new dict.
-
-    Rows taken from wider batches carry their padding along; TRL pads a batch to its own longest prompt and
-    completion, and so the built batch must be (left padding shifts positions, so it changes the forward).
-
-    Args:
-        batch: entries of `ROW_ENTRIES`; `prompt_mask` `(B, P)`, `completion_mask` `(B, T)`.
-        multiple: TRL's `pad_to_multiple_of`.
-        trim_prompt: False keeps every prompt column (only the completion side is cut).
-    """
-
-    def width(mask: torch.Tensor, from_left: bool) -> int:
-        used = mask.any(dim=0).nonzero().flatten()
-        if used.numel() == 0:
-            n = 1
-        else:
-            n = mask.size(1) - int(used[0]) if from_left else int(used[-1]) + 1
-        if multiple:
-            n = -(-n // multiple) * multiple
-        return min(n, mask.size(1))
-
-    widths = {True: batch["prompt_mask"].size(1), False: batch["completion_mask"].size(1)}
-    keep = {
-        True: width(batch["prompt_mask"], from_left=True) if trim_prompt else widths[True],
-        False: width(batch["completion_mask"], from_left=False),
-    }
-    trimmed = dict(batch)
-    for key, (left, _) in ROW_ENTRIES.items():
-        tensor = batch.get(key)
-        # 1-D entries and the (B, 1) sequence-level importance ratio have no padding columns.
-        if tensor is None or tensor.dim() < 2 or tensor.size(1) != widths[left]:
-            continue
-        trimmed[key] = tensor[:, widths[left] - keep[left] :] if left else tensor[:, : keep[left]]
-    return trimmed
 
 
 def _check_train_dataset(dataset) -> None:

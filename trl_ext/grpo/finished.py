@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from trl_ext.sampling import loss_mask
+from trl_ext.grpo.sampling import loss_mask
 
 
 def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""`trl-ext eval`: the Typer command around `trl_ext.evaluation.pipeline.evaluate`."""
+"""`trl-ext eval`: the Typer command around `trl_ext.evaluation.pipeline.evaluate`. It lives with the recipes because
+`--recipe` parses one (`trl_ext.recipes.evaluation`); the evaluation library itself knows nothing of recipes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 from trl_ext.evaluation.config import TASK_NAMES, EvalConfig, parse_int_list
 from trl_ext.evaluation.pipeline import evaluate
 from trl_ext.evaluation.summary import format_report
+from trl_ext.recipes.evaluation import RECIPE_FIELDS, eval_config_from_recipe
 
 
 def register(app: typer.Typer) -> None:
@@ -62,8 +64,6 @@ def register(app: typer.Typer) -> None:
             values["max_tokens"] = parse_int_list(max_tokens, "--max-tokens")
             values["ns"] = parse_int_list(ns, "--ns")
             if recipe is not None:
-                from trl_ext.evaluation.recipe import RECIPE_FIELDS, eval_config_from_recipe
-
                 names = {"data_file", "output_dir", "max_tokens", "backend", "batch_size", "dtype", "limit", "ns"}
                 overrides = {name: values[name] for name in given & (names | set(RECIPE_FIELDS))}
                 cfg = eval_config_from_recipe(recipe, model, **overrides)

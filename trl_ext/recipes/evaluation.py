@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.evaluation.config import REWARD_NAMES, EvalConfig
+from trl_ext.recipes.arguments import TASK_DEFAULTS
+from trl_ext.recipes.parsing import parse_recipe_args
+from trl_ext.recipes.yaml_chain import load_recipe_yaml_with_sources
 
 # Fields `--recipe` sets; giving them on the command line as well would evaluate something else than training does.
 RECIPE_FIELDS = ("data_file", "split", "prompt", "chat", "temperature", "top_p", "n", "reward")
@@ -25,8 +28,6 @@ RECIPE_FIELDS = ("data_file", "split", "prompt", "chat", "temperature", "top_p",
 def recipe_yaml_task(recipe: str | Path) -> str:
     """The task of a recipe YAML: its folder (`recipes/countdown/x.yaml` -> "countdown"), else the task folder of
     the files its `base:` chain reaches."""
-    from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml_with_sources
-
     own = Path(recipe).resolve().parent.name
     if own in TASK_DEFAULTS:
         return own
@@ -51,8 +52,6 @@ def eval_config_from_recipe(recipe: str | Path, model: str | None = None, **over
         ValueError: a recipe field this evaluation cannot reproduce (a hub `eval_source` other than the task's,
             several reward functions), or an override of a field the recipe decides.
     """
-    from trl_ext.recipes import parse_recipe_args
-
     clash = sorted(set(overrides) & set(RECIPE_FIELDS))
     if clash:
         raise ValueError(f"{clash}: set by --recipe {recipe} (its validation settings); drop them")

@@ -22,6 +22,8 @@ computed in TRL's tiles (no `(tokens, vocab)` tensor for the micro-batch) exactl
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -177,3 +179,67 @@ def packing_problem(config, is_multimodal: bool = False) -> str | None:
             f"{', '.join(PACKABLE_LAYER_TYPES)} layers can be packed)"
         )
     return None
+
+
+def packed_logps_and_entropies(
+    model,
+    config,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    compute_aux_loss: bool = False,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    **forward_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """TRL's `_get_per_token_logps_and_entropies` with each chunk of `batch_size` rows packed without padding, through
+    TRL's fused LM head (`fused_lm_head=True`), the values scattered back to TRL's layout.
+
+    Args:
+        model: the (wrapped) model TRL passes; `config` its unwrapped config (the attention implementation decides
+            the packing).
+        input_ids, attention_mask: `(B, P + T)`, prompts left-padded and completions right-padded.
+        logits_to_keep: `T`.
+        batch_size: rows per forward (default: all).
+        autocast: the accelerator's autocast context.
+        forward_kwargs: TRL's multimodal entries; all must be None.
+
+    Returns:
+        log-probs `(B, T)`, entropies `(B, T)` or None, the mean MoE aux loss or None.
+    """
+    given = sorted(key for key, value in forward_kwargs.items() if value is not None)
+    if given:
+        raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
+    problem = packing_problem(config)
+    if problem is not None:
+        raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
+    # One packed row for flash-attention's varlen kernels and where the MoE aux loss must not count fillers;
+    # rows of at most the longest row's tokens for the dense-mask kernels (see the module docstring).
+    one_row = config._attn_implementation.startswith("flash_attention") or compute_aux_loss
+    batch_size = batch_size or input_ids.size(0)
+    logps, entropies, aux_losses = [], [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        mask = attention_mask[start : start + batch_size]
+        capacity = None if one_row else int(mask.sum(dim=1).max())
+        packed = pack_rows(input_ids[start : start + batch_size], mask, logits_to_keep, capacity)
+        extra = {"output_router_logits": True} if compute_aux_loss else {}
+        with autocast():
+            # No attention mask: transformers separates the sequences where position_ids restart at 0.
+            outputs = model(
+                input_ids=packed.input_ids,
+                position_ids=packed.position_ids,
+                labels=packed.labels,
+                fused_lm_head=True,
+                **extra,
+            )
+        logps.append(unpack_per_token(outputs.log_probs, packed, logits_to_keep))
+        if compute_entropy:
+            entropies.append(unpack_per_token(outputs.entropy, packed, logits_to_keep))
+        if compute_aux_loss:
+            aux_losses.append(outputs.aux_loss)
+    return (
+        torch.cat(logps, dim=0),
+        torch.cat(entropies, dim=0) if compute_entropy else None,
+        torch.stack(aux_losses).mean() if compute_aux_loss else None,
+    )

@@ -19,9 +19,13 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from trl_ext.config import AblationGRPOConfig
-from trl_ext.finished import FinishedCompletionsMixin
-from trl_ext.fused_head import compact_lm_head
+from trl_ext.grpo.config import AblationGRPOConfig
+from trl_ext.grpo.finished import FinishedCompletionsMixin
+from trl_ext.grpo.fused_head import compact_lm_head
+from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
+from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
+from trl_ext.grpo.sampling import DynamicSamplingMixin
+from trl_ext.grpo.vllm_sync import install_colocate_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -29,23 +33,7 @@ from trl_ext.objectives import (
     entropy_bonus,
     policy_objective,
 )
-from trl_ext.packing import pack_rows, packing_problem, unpack_per_token
-from trl_ext.sampling import ROW_ENTRIES, DynamicSamplingMixin, loss_mask, trim_padding
-from trl_ext.vllm_sync import install_colocate_weight_sync
 
-# Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
 # The loss parameters a registered loss may declare, read from the config of the same name.
 _LOSS_FIELDS = (
     "epsilon",
@@ -58,36 +46,6 @@ _LOSS_FIELDS = (
     "vespo_k_neg",
     "vespo_lambda_neg",
 )
-
-
-def drop_zero_advantage_rows(inputs: dict) -> dict:
-    """The completions of a TRL batch whose advantage is not 0.
-
-    A completion with `A = 0` adds exactly 0 to every registered policy-gradient loss (each is a multiple of `A`)
-    and to its gradient, and every reduction sums over completions; given the full micro-batch's counts (which the
-    trainer passes), the kept rows give the full batch's loss and gradient. `AblationGRPOConfig` refuses the options
-    that break this (KL, entropy bonus, entropy quantile).
-
-    Args:
-        inputs: a batch as `_generate_and_score_completions` returns it; `advantages` `(B,)` or `(B, 1)`.
-
-    Returns:
-        The rows with `A != 0` of every per-completion entry, completion columns cut after the kept rows' last
-        completion token (prompt columns kept: left padding sets the positions). `inputs` itself when every row
-        counts or the batch holds multimodal entries. When no row counts, row 0 stays (its loss is 0), so the
-        forward, the backward and distributed collectives still run.
-    """
-    advantages = inputs["advantages"]
-    n = advantages.size(0)
-    keep = advantages.reshape(n, -1).ne(0).any(dim=1)  # (B,)
-    if keep.all() or any(inputs.get(key) is not None for key in _FORWARD_KEYS):
-        return inputs
-    if not keep.any():
-        keep[0] = True
-    rows = keep.nonzero().squeeze(1)
-    batch = dict(inputs)
-    batch.update({key: inputs[key][rows] for key in ROW_ENTRIES if inputs.get(key) is not None})
-    return trim_padding(batch, trim_prompt=False)
 
 
 class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTrainer):
@@ -107,23 +65,21 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
       `skip_zero_advantage_completions`, the completions whose advantage is 0 are dropped first (same loss and
       gradient: the reduction gets the full micro-batch's counts). Logs TRL's `entropy`, `kl`, `clip_ratio/*`,
       `cispo_clip_ratio`, `vespo/phi_seq_mean`, `policy_loss`, `entropy_coef`, `aux_loss` where they apply.
-    - `_get_per_token_logps_and_entropies`: always inside `trl_ext.fused_head.compact_lm_head` (TRL's fused LM head
-      scores only the completion tokens on the CPU too, as it does on CUDA); TRL's own unless `padding_free`; then
-      each forward's rows are packed
-      without padding (`trl_ext.packing.pack_rows`: real tokens only, position_ids restarting per row, no attention
-      mask; one row for flash-attention, rows of at most the longest row's tokens for sdpa / eager) for TRL's fused
-      LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)` layout. TRL calls it for the
-      policy, the old policy and the reference model, so all three are packed.
-      `__init__` refuses `padding_free` for a processor (multimodal) or a model that cannot pack
-      (`trl_ext.packing.packing_problem`).
+    - `_get_per_token_logps_and_entropies`: always inside `trl_ext.grpo.fused_head.compact_lm_head` (TRL's fused LM
+      head scores only the completion tokens on the CPU too, as it does on CUDA); TRL's own unless `padding_free`; then
+      each forward's rows are packed without padding (`trl_ext.grpo.packing.pack_rows`: real tokens only, position_ids
+      restarting per row, no attention mask; one row for flash-attention, rows of at most the longest row's tokens for
+      sdpa / eager) for TRL's fused LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)` layout.
+      TRL calls it for the policy, the old policy and the reference model, so all three are packed. `__init__` refuses
+      `padding_free` for a processor (multimodal) or a model that cannot pack (`trl_ext.grpo.packing.packing_problem`).
 
-    `trl_ext.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
+    `trl_ext.grpo.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
     rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
     With `dynamic_sampling`, it builds each
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
     one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
 
-    `trl_ext.finished.FinishedCompletionsMixin` (just above TRL's) counts a completion that ended at a stop string
+    `trl_ext.grpo.finished.FinishedCompletionsMixin` (just above TRL's) counts a completion that ended at a stop string
     as finished, not truncated, in `completions/clipped_ratio`, the terminated-length metrics and
     `mask_truncated_completions`.
 
@@ -217,7 +173,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
     ):
         """TRL's log-probs `(B, T)`, entropies `(B, T)` or None, and MoE aux loss, the LM head applied at the
         completion tokens only (`compact_lm_head`); with `padding_free`, each chunk of `batch_size` rows runs packed
-        without padding (`trl_ext.packing`) through TRL's fused LM head.
+        without padding (`trl_ext.grpo.packing`) through TRL's fused LM head.
 
         Args:
             input_ids, attention_mask: `(B, P + T)`, prompts left-padded and completions right-padded.
@@ -225,69 +181,31 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             batch_size: rows per forward (TRL passes the per-device batch for the old / reference log-probs).
             forward_kwargs: TRL's multimodal entries (must all be None with `padding_free`).
         """
-        padded = super()._get_per_token_logps_and_entropies
-        forward = self._packed_logps_and_entropies if self.args.padding_free else padded
         with compact_lm_head():  # only the completion tokens go through the LM head, on the CPU too
-            return forward(
+            if not self.args.padding_free:
+                return super()._get_per_token_logps_and_entropies(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **forward_kwargs,
+                )
+            # Checked per call: the reference model is another model, and generation may switch the attention.
+            return packed_logps_and_entropies(
                 model,
+                self.accelerator.unwrap_model(model).config,
                 input_ids,
                 attention_mask,
                 logits_to_keep,
                 batch_size=batch_size,
                 compute_entropy=compute_entropy,
                 compute_aux_loss=compute_aux_loss,
+                autocast=self.accelerator.autocast,
                 **forward_kwargs,
             )
-
-    def _packed_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size,
-        compute_entropy,
-        compute_aux_loss,
-        **forward_kwargs,
-    ):
-        """`_get_per_token_logps_and_entropies` with `padding_free`: each chunk of `batch_size` rows packed."""
-        given = sorted(key for key, value in forward_kwargs.items() if value is not None)
-        if given:
-            raise ValueError(f"padding_free=True cannot pack a multimodal batch (it holds {given}); set it False")
-        # Checked per call: the reference model is another model, and generation may switch the attention.
-        config = self.accelerator.unwrap_model(model).config
-        problem = packing_problem(config)
-        if problem is not None:
-            raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
-        # One packed row for flash-attention's varlen kernels and where the MoE aux loss must not count fillers;
-        # rows of at most the longest row's tokens for the dense-mask kernels (see trl_ext.packing).
-        one_row = config._attn_implementation.startswith("flash_attention") or compute_aux_loss
-        batch_size = batch_size or input_ids.size(0)
-        logps, entropies, aux_losses = [], [], []
-        for start in range(0, input_ids.size(0), batch_size):
-            mask = attention_mask[start : start + batch_size]
-            capacity = None if one_row else int(mask.sum(dim=1).max())
-            packed = pack_rows(input_ids[start : start + batch_size], mask, logits_to_keep, capacity)
-            extra = {"output_router_logits": True} if compute_aux_loss else {}
-            with self.accelerator.autocast():
-                # No attention mask: transformers separates the sequences where position_ids restart at 0.
-                outputs = model(
-                    input_ids=packed.input_ids,
-                    position_ids=packed.position_ids,
-                    labels=packed.labels,
-                    fused_lm_head=True,
-                    **extra,
-                )
-            logps.append(unpack_per_token(outputs.log_probs, packed, logits_to_keep))
-            if compute_entropy:
-                entropies.append(unpack_per_token(outputs.entropy, packed, logits_to_keep))
-            if compute_aux_loss:
-                aux_losses.append(outputs.aux_loss)
-        return (
-            torch.cat(logps, dim=0),
-            torch.cat(entropies, dim=0) if compute_entropy else None,
-            torch.stack(aux_losses).mean() if compute_aux_loss else None,
-        )
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         """Mean over all processes' loss tokens of `x` `(B, T)`, or over sequences for a `(B, 1)` `x` (as TRL)."""
@@ -337,7 +255,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             completion_ids.size(1),
             compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+            **{key: inputs.get(key) for key in FORWARD_KEYS},
         )  # (B, T)
         entropy_mask = None
         if args.top_entropy_quantile < 1.0:

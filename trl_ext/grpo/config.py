@@ -4,8 +4,8 @@ The axes, each resolved through its registry in `trl_ext.objectives` (so the cho
 `advantage_type`, `pg_loss_type`, `length_normalization`, with `advantage_eps` and `normalize_constant`. The seeds'
 names (`pg_loss_type` `no_baseline` / `reinforce_with_baseline`, `use_std_normalization`) are presets onto them and
 TRL's `loss_type` / `scale_rewards` are another spelling of the same choices. Every field read by the resolution
-defaults to `None` (really unset); `trl_ext.axes` documents the rules: explicit fields win, two that disagree are an
-error naming both, a field the combination ignores is an error, and with nothing set the config trains what
+defaults to `None` (really unset); `trl_ext.grpo.axes` documents the rules: explicit fields win, two that disagree
+are an error naming both, a field the combination ignores is an error, and with nothing set the config trains what
 `trl.GRPOConfig()` trains (loss_type "dapo", scale_rewards "group", eps 1e-4, epsilon 0.2). After `__post_init__`
 the axis fields hold the resolved names, and `loss_type` / `scale_rewards` TRL's names for them (None where TRL has
 none).
@@ -26,17 +26,17 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_ext.axes import (
+from trl_ext.grpo.axes import (
     PG_LOSS_CHOICES,
     TRL_LOSS_TYPES,
     check_off_policy,
     check_skip_zero_advantage,
     resolve_axes,
 )
+from trl_ext.grpo.packing import PACKABLE_ATTENTION
+from trl_ext.grpo.sampling import check_dynamic_sampling_config
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
-from trl_ext.packing import PACKABLE_ATTENTION
 from trl_ext.preflight.environment import world_size_from_env as _world_size
-from trl_ext.sampling import check_dynamic_sampling_config
 
 
 def _trl_default(name: str):
@@ -61,7 +61,7 @@ class AblationGRPOConfig(GRPOConfig):
         skip_zero_advantage_completions: leave completions with advantage exactly 0 out of the loss's forward and
             backward (same loss and gradient, less compute; see `AblationGRPOTrainer`).
         padding_free: pack each micro-batch's rows into one sequence without padding for the log-prob forwards
-            (policy, old policy, reference); same loss and gradients (see `trl_ext.packing`).
+            (policy, old policy, reference); same loss and gradients (see `trl_ext.grpo.packing`).
 
     `train_batch_size` replaces HF's read-only `TrainingArguments.train_batch_size` property (per-device batch x
     n_gpu) on this class: here it is the seeds' completions per optimizer step; `AblationGRPOTrainer` resets
