@@ -3,9 +3,9 @@
 Light to import: `trl_ext.rewards` and `trl_ext.tasks` do not pull in TRL; the trainer and its config load on
 first use of `trl_ext.AblationGRPOConfig` / `trl_ext.AblationGRPOTrainer`.
 
-Modules that moved keep working under their old path with a `FutureWarning` naming the new one (docs/trainer.md,
-"Where the trainer lives"): the GRPO trainer's modules went to `trl_ext.grpo`, the SFT validation beside the SFT in
-`trl_ext.expert_iteration`, and what turns a recipe into an evaluation to `trl_ext.recipes`.
+Modules that moved keep working under their old path with a `FutureWarning` naming the new one (docs/architecture.md):
+the GRPO trainer's modules went to `trl_ext.grpo`, the SFT validation beside the SFT in `trl_ext.expert_iteration`, and
+what turns a recipe into an evaluation to `trl_ext.recipes`.
 """
 
 import importlib.abc
