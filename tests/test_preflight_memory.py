@@ -10,8 +10,9 @@ import pytest
 
 from trl_ext.launch.table import grpo_recipes
 from trl_ext.preflight import KNOWN_CONFIGS, ModelShape, estimate_memory, knobs_to_fit, load_model_shape
-from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB, SLEEPING_VLLM_GIB, TrainingSetup
-from trl_ext.preflight.plan import PROMPT_TOKENS, RunContext, check_recipe, training_setup
+from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB, SLEEPING_VLLM_GIB
+from trl_ext.preflight.plan import RunContext, check_recipe
+from trl_ext.preflight.setup import PROMPT_TOKENS, TrainingSetup, training_setup
 from trl_ext.recipes import stated_values
 
 REPO = Path(__file__).resolve().parents[1]

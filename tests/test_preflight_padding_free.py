@@ -17,14 +17,10 @@ import pytest
 
 from trl_ext.preflight import estimate_memory, load_model_shape, plan_batches
 from trl_ext.preflight.batch import micro_batch_choices
-from trl_ext.preflight.memory import (
-    EXPECTED_COMPLETION_FRACTION,
-    GIB,
-    RUNTIME_OVERHEAD_GIB,
-    TrainingSetup,
-    largest_fitting_micro_batch,
-)
-from trl_ext.preflight.plan import RunContext, check_recipe, training_setup
+from trl_ext.preflight.fit import largest_fitting_micro_batch
+from trl_ext.preflight.memory import GIB, RUNTIME_OVERHEAD_GIB
+from trl_ext.preflight.plan import RunContext, check_recipe
+from trl_ext.preflight.setup import EXPECTED_COMPLETION_FRACTION, TrainingSetup, training_setup
 from trl_ext.recipes import parse_recipe_args, stated_values
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "seed000_grpo_l512.yaml"

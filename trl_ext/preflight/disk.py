@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from trl_ext.preflight.memory import optimizer_states_bytes
 from trl_ext.preflight.models import ModelShape
+from trl_ext.preflight.setup import TrainingSetup
 
 GB = 1e9
 
@@ -65,34 +66,23 @@ def saves_during_run(max_steps: int, save_strategy: str, save_steps: float) -> i
     return max_steps // max(interval, 1)
 
 
-def plan_disk(
-    shape: ModelShape,
-    weight_bytes: int,
-    optim: str,
-    saves: int,
-    save_total_limit: int | None,
-    zero_stage: int = 0,
-    lora_rank: int | None = None,
-) -> DiskPlan:
+def plan_disk(shape: ModelShape, setup: TrainingSetup, saves: int, save_total_limit: int | None) -> DiskPlan:
     """The `DiskPlan` of a run (module docstring).
 
     Args:
         shape: the model.
-        weight_bytes: bytes per weight as trained (4: fp32 master weights, 2: bf16).
-        optim: HF `optim` name.
+        setup: the run's training setup (precision, optimizer, ZeRO stage, LoRA rank).
         saves: checkpoints written during the run (`saves_during_run`).
         save_total_limit: the Trainer's limit (None: all kept).
-        zero_stage: DeepSpeed ZeRO stage (0 without DeepSpeed).
-        lora_rank: LoRA rank when training adapters (then only the adapters are saved, in fp32).
     """
-    p = shape.params
+    p, optim, lora_rank = shape.params, setup.optim, setup.lora_rank
     if lora_rank is not None:  # the adapters, in fp32, and their states
         weights, state = shape.lora_params(lora_rank) * 4.0, optimizer_states_bytes(shape, optim, 4, lora_rank)
-    elif zero_stage:
+    elif setup.zero_stage:
         weights = p * 2.0  # bf16 module states; the fp32 master copy sits with the optimizer states
         state = p * 4.0 + optimizer_states_bytes(shape, optim, 4)
     else:
-        weights, state = p * float(weight_bytes), optimizer_states_bytes(shape, optim, weight_bytes)
+        weights, state = p * float(setup.weight_bytes), optimizer_states_bytes(shape, optim, setup.weight_bytes)
     at_once = min(saves, save_total_limit + 1) if save_total_limit else saves
     dtype = "fp32" if weights == p * 4.0 or lora_rank is not None else "bf16"
     return DiskPlan(weights, state, at_once, weights, dtype)

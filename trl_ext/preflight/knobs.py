@@ -1,19 +1,14 @@
-"""Knobs that lower the peak-memory estimate (`trl_ext.preflight.memory`) until a run fits: each candidate change to
-the recipe (micro-batch, gradient checkpointing, 8-bit AdamW, offload, ...) with the flags to pass and the estimate
-it gives, cumulated in the order a user would try them."""
+"""Knobs that lower the peak-memory estimate (`trl_ext.preflight.memory`): each candidate change to a recipe
+(gradient checkpointing, micro-batch, validation batch, fused or 8-bit AdamW, vLLM sleep or share, LoRA, pure bf16)
+as the flags to pass and the `TrainingSetup` they give, mildest first. Which of them fit a limit is the picker's
+question (`trl_ext.preflight.fit.knobs_to_fit`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trl_ext.preflight.memory import (
-    EIGHT_BIT_OPTIMIZERS,
-    MemoryEstimate,
-    TrainingSetup,
-    estimate_memory,
-    optimizer_state_bytes,
-)
-from trl_ext.preflight.models import ModelShape
+from trl_ext.preflight.memory import EIGHT_BIT_OPTIMIZERS, MemoryEstimate, optimizer_state_bytes
+from trl_ext.preflight.setup import TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -29,7 +24,10 @@ class Knob:
         return f"{self.flags} -> {self.estimate.peak_gib:.1f} GiB{caveat}"
 
 
-def _candidates(setup: TrainingSetup) -> list[tuple[str, TrainingSetup, str]]:
+def knob_candidates(setup: TrainingSetup) -> list[tuple[str, TrainingSetup, str]]:
+    """`(flags, setup with them, caveat)` for each single change that could lower `setup`'s estimate, mildest first:
+    gradient checkpointing, smaller micro-batch, smaller validation batch, fused or 8-bit AdamW, colocated vLLM sleep
+    mode or smaller share, LoRA, pure bf16 (last: it loses small updates)."""
     out: list[tuple[str, TrainingSetup, str]] = []
     if not setup.gradient_checkpointing:
         out.append(("--gradient_checkpointing true", replace(setup, gradient_checkpointing=True), ""))
@@ -83,42 +81,7 @@ def _candidates(setup: TrainingSetup) -> list[tuple[str, TrainingSetup, str]]:
     return out
 
 
-def knobs_to_fit(shape: ModelShape, setup: TrainingSetup, budget_gib: float) -> list[Knob]:
-    """Single changes that bring the estimate under `budget_gib`, else the greedy combination that does.
-
-    Candidates, mildest first: gradient checkpointing, smaller micro-batch, smaller validation batch, fused or
-    8-bit AdamW, colocated vLLM sleep mode or smaller share, LoRA, pure bf16 (last: it loses small updates).
-    """
-    fits = []
-    for flags, candidate, caveat in _candidates(setup):
-        estimate = estimate_memory(shape, candidate)
-        if estimate.peak_gib <= budget_gib:
-            fits.append(Knob(flags, estimate, caveat))
-    if fits:
-        seen: set[str] = set()
-        unique = []
-        for knob in fits:  # one micro-batch / eval-batch size each: the largest that fits
-            key = knob.flags.split()[0]
-            if key not in seen:
-                seen.add(key)
-                unique.append(knob)
-        return unique
-    combined, flags = setup, []
-    current = estimate_memory(shape, combined)
-    for flag, candidate, _caveat in _candidates(setup):
-        key = flag.split()[0]
-        if any(f.split()[0] == key for f in flags):
-            continue
-        trial = _merge(combined, candidate, setup)
-        estimate = estimate_memory(shape, trial)
-        if estimate.peak_bytes < current.peak_bytes:
-            combined, flags, current = trial, [*flags, flag], estimate
-            if current.peak_gib <= budget_gib:
-                return [Knob(" ".join(flags), current, "all of these together")]
-    return []
-
-
-def _merge(current: TrainingSetup, candidate: TrainingSetup, original: TrainingSetup) -> TrainingSetup:
+def merge_knob(current: TrainingSetup, candidate: TrainingSetup, original: TrainingSetup) -> TrainingSetup:
     """`current` plus the one field `candidate` changed relative to `original`."""
     changes = {
         name: getattr(candidate, name)

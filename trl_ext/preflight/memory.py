@@ -60,21 +60,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from trl_ext.preflight.models import ModelShape
+from trl_ext.preflight.setup import TrainingSetup
 
 GIB = 1 << 30
 # CUDA context, cuBLAS workspaces and caching-allocator fragmentation, not visible to the tensor accounting.
 RUNTIME_OVERHEAD_GIB = 1.5
-# trl/kernels/chunked_logprob.py (TRL 1.16): TOKEN_CHUNK_SIZE, and _CHUNKED_LOGPROB_CHUNK_SIZE in trl/trainer/utils.py.
-LOGPROB_TOKEN_CHUNK = 4096
+# trl/trainer/utils.py (TRL 1.16): _CHUNKED_LOGPROB_CHUNK_SIZE, the vocabulary entries of one log-prob tile.
 LOGPROB_VOCAB_CHUNK = 32768
-# Completion length a padding-free estimate assumes per row when none is stated, as a fraction of
-# max_completion_length: Countdown and MATH rollouts have a median well under half the limit and a tail to it
-# (issue 24: median ~250 of 1024), so half is a stated, deliberately generous guess; state the real mean with
-# `--expected_completion_tokens` once a run has logged `completions/mean_length`.
-EXPECTED_COMPLETION_FRACTION = 0.5
-PRECISIONS = ("fp32_master", "pure_bf16")
-GENERATORS = ("server", "colocate", "transformers")
-# Optimizer name (HF `optim`) -> (bytes of state per trainable parameter given the weight bytes, foreach temporary).
+# HF `optim` names of the 8-bit optimizers: one byte per state (bitsandbytes' and torchao's).
 EIGHT_BIT_OPTIMIZERS = (
     "adamw_bnb_8bit",
     "adamw_8bit",
@@ -118,79 +111,6 @@ def optimizer_states_bytes(shape: ModelShape, optim: str, weight_bytes: int, lor
         return shape.params * per_param
     full = per_param * 4  # 32-bit: one or two fp32 states where the 8-bit optimizer keeps one byte each
     return (shape.params - shape.embedding_params) * per_param + shape.embedding_params * full
-
-
-@dataclass(frozen=True)
-class TrainingSetup:
-    """What one training process holds; every field is a recipe / accelerate setting (`plan.training_setup`).
-
-    Attributes:
-        precision: `fp32_master` (load fp32, bf16 autocast) or `pure_bf16` (weights, gradients, states in bf16).
-        zero_stage: DeepSpeed ZeRO stage (0: no DeepSpeed); DeepSpeed keeps bf16 weights and an fp32 master copy.
-        world_size: training processes W (ZeRO shards over them).
-        ddp: PyTorch DDP with W > 1 (a second, bucketed copy of the gradients).
-        optim: HF `optim` name.
-        lora_rank: LoRA rank when training adapters through peft, else None.
-        gradient_checkpointing: recompute layer internals in the backward.
-        micro_batch: `per_device_train_batch_size`.
-        prompt_tokens, completion_tokens: longest prompt and `max_completion_length` (batches are padded to them).
-        padding_free: each micro-batch's rows are packed into one sequence of their real tokens (module docstring).
-        expected_completion_tokens: completion tokens a row is expected to have when `padding_free` (None:
-            `EXPECTED_COMPLETION_FRACTION x completion_tokens`); ignored without `padding_free`.
-        chunked_logprobs: log-probs in `(logprob_token_chunk, LOGPROB_VOCAB_CHUNK)` tiles (TRL 1.16's fused head,
-            both layouts); False counts materialised fp32 logits of the scored tokens instead.
-        logprob_token_chunk: scored tokens per log-prob tile.
-        eval_batch: `per_device_eval_batch_size` (0: no validation), eval_generations: completions per prompt.
-        generator: `server` (vLLM on other GPUs), `colocate` (vLLM on this GPU), `transformers` (`generate`).
-        generation_batch: completions one process generates at once with the transformers backend.
-        vllm_gpu_memory_utilization: colocated vLLM's share of this GPU.
-        vllm_sleep: colocated vLLM sleeps (frees its weights and KV cache) while training.
-        gpu_memory_gib: memory of one GPU (needed for the colocated share).
-    """
-
-    precision: str = "fp32_master"
-    zero_stage: int = 0
-    world_size: int = 1
-    ddp: bool = False
-    optim: str = "adamw_torch"
-    lora_rank: int | None = None
-    gradient_checkpointing: bool = True
-    micro_batch: int = 2
-    prompt_tokens: int = 256
-    completion_tokens: int = 1024
-    eval_batch: int = 0
-    eval_generations: int = 1
-    generator: str = "server"
-    generation_batch: int = 0
-    vllm_gpu_memory_utilization: float = 0.3
-    vllm_sleep: bool = False
-    gpu_memory_gib: float | None = None
-    padding_free: bool = False
-    expected_completion_tokens: int | None = None
-    chunked_logprobs: bool = True
-    logprob_token_chunk: int = LOGPROB_TOKEN_CHUNK
-
-    @property
-    def row_completion_tokens(self) -> int:
-        """Completion tokens per row that a micro-batch's memory follows: `max_completion_length` when padded, the
-        expected length when padding-free (at most `max_completion_length`)."""
-        if not self.padding_free:
-            return self.completion_tokens
-        if self.expected_completion_tokens is not None:
-            return min(self.expected_completion_tokens, self.completion_tokens)
-        return max(1, round(EXPECTED_COMPLETION_FRACTION * self.completion_tokens))
-
-    def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r}; choose one of {PRECISIONS}")
-        if self.generator not in GENERATORS:
-            raise ValueError(f"generator={self.generator!r}; choose one of {GENERATORS}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage={self.zero_stage}; choose 0, 1, 2 or 3")
-        if self.expected_completion_tokens is not None and self.expected_completion_tokens < 1:
-            raise ValueError(f"expected_completion_tokens={self.expected_completion_tokens}; give a positive count")
-        if self.logprob_token_chunk < 1:
-            raise ValueError(f"logprob_token_chunk={self.logprob_token_chunk}; give a positive count")
 
 
 @dataclass(frozen=True)
@@ -254,16 +174,84 @@ def _forward_bytes_per_token(shape: ModelShape, residual_bytes: int) -> int:
 
 
 def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
-    """Peak memory of one training process (module docstring: the formulas and what they leave out)."""
+    """Peak memory of one training process (module docstring: the formulas and what they leave out). Pure: the same
+    shape and setup give the same estimate; `trl_ext.preflight.fit` calls it for every alternative it tries."""
+    notes = []
+    if setup.generator == "colocate" and setup.gpu_memory_gib is None:
+        notes.append("colocated vLLM share not counted: GPU memory unknown (pass --gpu-memory-gb)")
+    if setup.padding_free:
+        worst = MemoryEstimate(phases=_phases(shape, replace(setup, padding_free=False)))
+        notes.append(
+            f"padding-free: {setup.micro_batch} x ({setup.prompt_tokens} + {setup.row_completion_tokens} expected) "
+            f"tokens per micro-batch; {worst.peak_gib:.1f} GiB if every completion of one reaches "
+            f"{setup.completion_tokens} (the padded estimate)"
+        )
+    full_logits = setup.micro_batch * setup.row_completion_tokens * shape.vocab_size * 4
+    return MemoryEstimate(phases=_phases(shape, setup), full_logits_bytes=float(full_logits), notes=tuple(notes))
+
+
+def _phases(shape: ModelShape, setup: TrainingSetup) -> dict[str, dict[str, float]]:
+    """`{phase: {component: bytes}}` of one training process (module docstring)."""
+    resident, grads, temp = _model_states(shape, setup)
+    residual = 2 if setup.weight_bytes == 2 else 4
+    completion = setup.row_completion_tokens  # max_completion_length, or the expected length when padding-free
+    tokens = setup.micro_batch * (setup.prompt_tokens + completion)
+    per_layer = _activation_bytes_per_token_layer(shape, residual)
+    if setup.gradient_checkpointing:
+        activations = tokens * (shape.num_layers * shape.hidden_size * residual + 2 * per_layer)
+    else:
+        activations = tokens * shape.num_layers * per_layer
+    scored = setup.micro_batch * completion
+    logprob_head = _logprob_head_bytes(shape, setup, scored, residual, setup.lora_rank is not None)
+
+    vllm_share = 0.0
+    if setup.generator == "colocate" and setup.gpu_memory_gib is not None:
+        vllm_share = setup.vllm_gpu_memory_utilization * setup.gpu_memory_gib * GIB
+    awake_while_training = vllm_share if not setup.vllm_sleep else 0.0
+    asleep = SLEEPING_VLLM_GIB * GIB if setup.generator == "colocate" and setup.vllm_sleep else 0.0
+
+    train = {
+        **resident,
+        "gradients": grads,
+        "activations": float(activations),
+        "log-prob head": float(logprob_head),
+    }
+    if awake_while_training:
+        train["colocated vLLM"] = awake_while_training
+    step = {**resident, "gradients": grads, "optimizer step temporaries": temp}
+    if awake_while_training:
+        step["colocated vLLM"] = awake_while_training
+    if asleep:
+        train["sleeping vLLM"] = step["sleeping vLLM"] = asleep
+    generation = {**resident, **_generator_bytes(shape, setup, setup.generation_batch, vllm_share)}
+    phases = {"train": train, "optimizer step": step, "generation": generation}
+    if setup.eval_batch:
+        eval_sequences = setup.eval_batch * setup.eval_generations
+        eval_tokens = eval_sequences * (setup.prompt_tokens + completion)
+        eval_scored = eval_sequences * completion
+        # TRL's prediction_step runs the loss forward on the whole batch without gradients: one layer's internals,
+        # the residual stream in and out, the scored hidden states and one head tile at a time.
+        forward = eval_tokens * _forward_bytes_per_token(shape, residual)
+        forward += eval_scored * shape.hidden_size * residual + _head_tile_bytes(shape, setup, eval_scored)
+        phases["eval"] = {
+            **resident,
+            **_generator_bytes(shape, setup, eval_sequences, vllm_share),
+            "validation forward": float(forward),
+        }
+    return phases
+
+
+def _model_states(shape: ModelShape, setup: TrainingSetup) -> tuple[dict[str, float], float, float]:
+    """What the model keeps in every phase (weights, optimizer states, DDP buckets or ZeRO-3's gathered layers), its
+    gradients, and the optimizer step's temporaries (module docstring's table)."""
     p, w = shape.params, setup.world_size
     zero = setup.zero_stage
-    weight_bytes = 2 if (setup.precision == "pure_bf16" or zero) else 4
     lora = setup.lora_rank is not None
     trainable = shape.lora_params(setup.lora_rank) if lora else p
-    train_bytes = 4 if lora else weight_bytes  # peft keeps adapters in fp32 (autocast_adapter_dtype)
+    train_bytes = 4 if lora else setup.weight_bytes  # peft keeps adapters in fp32 (autocast_adapter_dtype)
     foreach = optimizer_state_bytes(setup.optim, train_bytes)[1]
 
-    weights = float(p * weight_bytes) + (trainable * 4 if lora else 0)
+    weights = float(p * setup.weight_bytes) + (trainable * 4 if lora else 0)
     grads = float(trainable * train_bytes)
     optimizer = optimizer_states_bytes(shape, setup.optim, train_bytes, setup.lora_rank)
     temp = float(trainable * foreach)
@@ -279,70 +267,10 @@ def estimate_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryEstimate:
             buckets = 2.0 * (2 * shape.layer_params + shape.embedding_params)  # gathered layers, embedding
     elif setup.ddp and w > 1:
         buckets = grads
-
-    residual = 2 if weight_bytes == 2 else 4
-    completion = setup.row_completion_tokens  # max_completion_length, or the expected length when padding-free
-    tokens = setup.micro_batch * (setup.prompt_tokens + completion)
-    per_layer = _activation_bytes_per_token_layer(shape, residual)
-    if setup.gradient_checkpointing:
-        activations = tokens * (shape.num_layers * shape.hidden_size * residual + 2 * per_layer)
-    else:
-        activations = tokens * shape.num_layers * per_layer
-    scored = setup.micro_batch * completion
-    logprob_head = _logprob_head_bytes(shape, setup, scored, residual, lora)
-
-    vllm_share = 0.0
-    if setup.generator == "colocate":
-        if setup.gpu_memory_gib is None:
-            vllm_share = 0.0
-        else:
-            vllm_share = setup.vllm_gpu_memory_utilization * setup.gpu_memory_gib * GIB
-    awake_while_training = vllm_share if not setup.vllm_sleep else 0.0
-    asleep = SLEEPING_VLLM_GIB * GIB if setup.generator == "colocate" and setup.vllm_sleep else 0.0
-
     resident = {"weights": weights, "optimizer states": optimizer}
     if buckets:
         resident["ZeRO-3 gathered params" if zero == 3 else "DDP gradient buckets"] = buckets
-    train = {
-        **resident,
-        "gradients": grads,
-        "activations": float(activations),
-        "log-prob head": float(logprob_head),
-    }
-    if awake_while_training:
-        train["colocated vLLM"] = awake_while_training
-    step = {**resident, "gradients": grads, "optimizer step temporaries": temp}
-    if awake_while_training:
-        step["colocated vLLM"] = awake_while_training
-    if asleep:
-        train["sleeping vLLM"] = step["sleeping vLLM"] = asleep
-    generator = _generator_bytes(shape, setup, setup.generation_batch, vllm_share)
-    generation = {**resident, **generator}
-    phases = {"train": train, "optimizer step": step, "generation": generation}
-    if setup.eval_batch:
-        eval_sequences = setup.eval_batch * setup.eval_generations
-        eval_tokens = eval_sequences * (setup.prompt_tokens + completion)
-        eval_scored = eval_sequences * completion
-        # TRL's prediction_step runs the loss forward on the whole batch without gradients: one layer's internals,
-        # the residual stream in and out, the scored hidden states and one head tile at a time.
-        forward = eval_tokens * _forward_bytes_per_token(shape, residual)
-        forward += eval_scored * shape.hidden_size * residual + _head_tile_bytes(shape, setup, eval_scored)
-        phases["eval"] = {
-            **resident,
-            **_generator_bytes(shape, setup, eval_sequences, vllm_share),
-            "validation forward": float(forward),
-        }
-    notes = []
-    if setup.generator == "colocate" and setup.gpu_memory_gib is None:
-        notes.append("colocated vLLM share not counted: GPU memory unknown (pass --gpu-memory-gb)")
-    if setup.padding_free:
-        worst = estimate_memory(shape, replace(setup, padding_free=False))
-        notes.append(
-            f"padding-free: {setup.micro_batch} x ({setup.prompt_tokens} + {completion} expected) tokens per "
-            f"micro-batch; {worst.peak_gib:.1f} GiB if every completion of one reaches {setup.completion_tokens} "
-            "(the padded estimate)"
-        )
-    return MemoryEstimate(phases=phases, full_logits_bytes=float(scored * shape.vocab_size * 4), notes=tuple(notes))
+    return resident, grads, temp
 
 
 def _head_tile_bytes(shape: ModelShape, setup: TrainingSetup, scored_tokens: int) -> float:
@@ -358,18 +286,6 @@ def _logprob_head_bytes(shape: ModelShape, setup: TrainingSetup, scored: int, re
     gradients and a copy of the scored hidden states, and one tile (or the full logits; `_head_tile_bytes`)."""
     head_grad = 0 if (lora or not setup.chunked_logprobs) else shape.embedding_params * 4
     return float(head_grad + scored * shape.hidden_size * (4 + residual) + _head_tile_bytes(shape, setup, scored))
-
-
-def largest_fitting_micro_batch(
-    shape: ModelShape, setup: TrainingSetup, budget_gib: float, candidates: list[int]
-) -> tuple[int, MemoryEstimate] | None:
-    """The largest micro-batch of `candidates` (the ones the batch arithmetic allows) whose estimate fits
-    `budget_gib`, with that estimate; None when none fits."""
-    for micro_batch in sorted(set(candidates), reverse=True):
-        estimate = estimate_memory(shape, replace(setup, micro_batch=micro_batch))
-        if estimate.peak_gib <= budget_gib:
-            return micro_batch, estimate
-    return None
 
 
 def _generator_bytes(shape: ModelShape, setup: TrainingSetup, sequences: int, vllm_share: float) -> dict[str, float]:

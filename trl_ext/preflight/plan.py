@@ -12,7 +12,7 @@ start. `Preflight.render()` is the plan the recipe entry points and `trl-ext lau
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +28,13 @@ from trl_ext.preflight.environment import (
     resolve_wandb,
     world_size_from_env,
 )
-from trl_ext.preflight.knobs import knobs_to_fit
-from trl_ext.preflight.memory import (
-    MemoryEstimate,
-    TrainingSetup,
-    estimate_memory,
-    largest_fitting_micro_batch,
-)
+from trl_ext.preflight.fit import MemoryFit, fit_memory
+from trl_ext.preflight.memory import MemoryEstimate
 from trl_ext.preflight.models import ModelShape, load_model_shape
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
+from trl_ext.preflight.setup import TrainingSetup, enum_value, training_setup, two_byte_dtype
 
-# Longest prompt in tokens (Qwen tokenizer, chat template where the recipe uses it) of each task's shipped data,
-# measured on ../shared/data: Countdown train_10k (countdown prompt, chat 266; tinyzero 99), GSM8K train (299),
-# MATH12k train (r1_zero 1742), the kissing problem (232, chat, no thinking). Batches are padded to their longest
-# prompt, so the maximum is what memory sees.
-PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742, "kissing": 232}
-DEFAULT_PROMPT_TOKENS = 512
 # TRL 1.16 GRPOConfig defaults: `vllm_group_port` and `vllm_server_port` (`trl_ext.launch` reads the latter too).
 TRL_GROUP_PORT = 51216
 TRL_SERVER_PORT = 8000
@@ -85,57 +75,12 @@ class Preflight:
             raise PreflightError(self.problems, f"{self.recipe} on {self.context.label or 'this machine'}")
 
 
-def _value(obj: Any) -> Any:
-    return getattr(obj, "value", obj)
-
-
-def _two_byte_dtype(model_args) -> str | None:
-    """`model_args.dtype` by name when it loads 2-byte weights, else None ("auto": the checkpoint's dtype, bf16 for
-    every Qwen)."""
-    dtype = str(_value(model_args.dtype) or "auto").replace("torch.", "")
-    return dtype if dtype in ("bfloat16", "float16", "auto") else None
-
-
-def training_setup(task: str, script_args, args, model_args, layout: BatchLayout, context: RunContext):
-    """The `TrainingSetup` a parsed recipe implies on `context` (precision, optimizer, lengths, generator).
-
-    `padding_free` is read with `getattr` (absent: padded), `expected_completion_tokens` from the script arguments
-    (absent or None: the memory module's default fraction); the log-prob tile is TRL's fixed 4096 tokens.
-    """
-    two_byte = _two_byte_dtype(model_args) is not None
-    if args.use_vllm:
-        generator = "server" if args.vllm_mode == "server" else "colocate"
-    else:
-        generator = "transformers"
-    return TrainingSetup(
-        precision="pure_bf16" if two_byte and not context.zero_stage else "fp32_master",
-        zero_stage=context.zero_stage,
-        world_size=context.world_size,
-        ddp=context.distributed_type == "MULTI_GPU",
-        optim=str(_value(args.optim)),
-        lora_rank=model_args.lora_r if model_args.use_peft else None,
-        gradient_checkpointing=bool(args.gradient_checkpointing),
-        micro_batch=layout.per_device_train_batch_size,
-        prompt_tokens=PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS),
-        completion_tokens=int(args.max_completion_length),
-        eval_batch=layout.per_device_eval_batch_size,
-        eval_generations=layout.eval_generations or 1,
-        generator=generator,
-        generation_batch=layout.generation_batch_per_process,
-        vllm_gpu_memory_utilization=float(args.vllm_gpu_memory_utilization),
-        vllm_sleep=bool(args.vllm_enable_sleep_mode),
-        gpu_memory_gib=context.gpu_memory_gib or context.memory_limit_gib,
-        padding_free=bool(getattr(args, "padding_free", False)),
-        expected_completion_tokens=getattr(script_args, "expected_completion_tokens", None),
-    )
-
-
 def _batch_values(stated: Mapping[str, Any], script_args, args) -> dict[str, Any]:
     values = dict(stated)
     values.setdefault("n_grpo_steps", script_args.n_grpo_steps)
     values["eval_limit"] = script_args.eval_limit
     values["eval_split"] = script_args.eval_split
-    values["eval_strategy"] = str(_value(args.eval_strategy))
+    values["eval_strategy"] = str(enum_value(args.eval_strategy))
     return values
 
 
@@ -191,9 +136,7 @@ def check_recipe(
                 )
             )
         _sleep(report, args, layout)
-        _memory(report, task, script_args, args, model_args, layout, values)
-        if report.estimate is not None:
-            _disk(report, task, script_args, args, model_args, layout)
+        _memory_and_disk(report, task, script_args, args, model_args, layout, values)
     _semantics(report, script_args, args, model_args)
     _group_port(report, args)
     _output(report, recipe, argv, stated, script_args, args, model_args)
@@ -236,9 +179,11 @@ def _placement(report: Preflight, args) -> None:
     report.lines.append(line)
 
 
-def _memory(
+def _memory_and_disk(
     report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout, values: Mapping[str, Any]
 ) -> None:
+    """One pass: the model's shape and the run's `TrainingSetup`, each read once; the memory fit against the limit
+    (`fit_memory`: the estimate, the padding-free pick, the knobs) and the disk plan, both from them."""
     context = report.context
     shape, source = load_model_shape(model_args.model_name_or_path or "")
     if shape is None:
@@ -255,10 +200,19 @@ def _memory(
                 "unset --expected_completion_tokens, or add --padding_free true",
             )
         )
-    estimate = estimate_memory(shape, setup)
-    report.estimate = estimate
-    where = "per training GPU" if context.train_devices or context.gpu_memory_gib else "per training process"
     limit = context.memory_limit_gib
+    choices = micro_batch_choices(values, context.world_size) if setup.padding_free and limit is not None else None
+    fit = fit_memory(shape, setup, limit, choices)
+    report.estimate = fit.estimate
+    _render_memory(report, shape, source, setup, fit)
+    saves = saves_during_run(layout.max_steps, str(enum_value(args.save_strategy)), float(args.save_steps))
+    report.disk = plan_disk(shape, setup, saves, args.save_total_limit)
+    report.lines.append(report.disk.render())
+
+
+def _render_memory(report: Preflight, shape: ModelShape, source: str, setup: TrainingSetup, fit: MemoryFit) -> None:
+    context, estimate, limit = report.context, fit.estimate, fit.limit_gib
+    where = "per training GPU" if context.train_devices or context.gpu_memory_gib else "per training process"
     report.lines.append(
         f"memory:  {shape.name}: {shape.params / 1e9:.2f} B parameters ({source}); {setup.precision}, "
         f"{setup.optim}, micro-batch {setup.micro_batch} x ({setup.prompt_tokens} + {_completion(setup)}) tokens"
@@ -267,13 +221,13 @@ def _memory(
     if limit is None:
         report.lines.append(f"         no GPU memory limit known {where}: pass --gpu-memory-gb to check against one")
         return
-    source = f" ({context.limit_source})" if context.limit_source else ""
-    report.lines.append(f"         limit {_gib(limit)} GiB {where}{source}")
-    if setup.padding_free:
-        report.lines.append(_micro_batch_pick(shape, setup, limit, values, context.world_size))
-    if estimate.peak_gib > limit:
-        knobs = knobs_to_fit(shape, setup, limit)
-        fix = "; or ".join(k.render() for k in knobs) if knobs else "more GPUs with zero3.yaml, or a smaller model"
+    limit_source = f" ({context.limit_source})" if context.limit_source else ""
+    report.lines.append(f"         limit {_gib(limit)} GiB {where}{limit_source}")
+    if fit.choices is not None:
+        report.lines.append(_pick_line(fit, setup))
+    if fit.over:
+        knobs = "; or ".join(k.render() for k in fit.knobs)
+        fix = knobs or "more GPUs with zero3.yaml, or a smaller model"
         report.problems.append(
             Problem(
                 "gpu memory",
@@ -293,22 +247,17 @@ def _completion(setup: TrainingSetup) -> str:
     return f"{setup.row_completion_tokens} expected of {setup.completion_tokens}, padding-free: {how}"
 
 
-def _micro_batch_pick(
-    shape: ModelShape, setup: TrainingSetup, limit: float, values: Mapping[str, Any], world_size: int
-) -> str:
+def _pick_line(fit: MemoryFit, setup: TrainingSetup) -> str:
     """The plan's line: the largest micro-batch the batch arithmetic allows whose padding-free estimate fits."""
-    choices = micro_batch_choices(values, world_size)
-    pick = largest_fitting_micro_batch(shape, setup, limit, list(choices))
+    limit, pick = _gib(fit.limit_gib), fit.pick
     if pick is None:
-        return f"pick:    padding-free: no micro-batch of {sorted(choices)} fits {_gib(limit)} GiB"
-    micro_batch, estimate = pick
-    worst = estimate_memory(shape, replace(setup, micro_batch=micro_batch, padding_free=False))
-    padded = largest_fitting_micro_batch(shape, replace(setup, padding_free=False), limit, list(choices))
+        return f"pick:    padding-free: no micro-batch of {sorted(fit.choices)} fits {limit} GiB"
     return (
-        f"pick:    padding-free on {_gib(limit)} GiB: --per_device_train_batch_size {micro_batch} "
-        f"--gradient_accumulation_steps {choices[micro_batch]} (largest micro-batch the batch arithmetic allows "
-        f"that fits: {estimate.peak_gib:.1f} GiB expected, {worst.peak_gib:.1f} GiB if all its completions reach "
-        f"{setup.completion_tokens}; padded, the largest that fits is {padded[0] if padded else 'none'})"
+        f"pick:    padding-free on {limit} GiB: --per_device_train_batch_size {pick.micro_batch} "
+        f"--gradient_accumulation_steps {pick.gradient_accumulation_steps} (largest micro-batch the batch arithmetic "
+        f"allows that fits: {pick.estimate.peak_gib:.1f} GiB expected, {pick.worst.peak_gib:.1f} GiB if all its "
+        f"completions reach {setup.completion_tokens}; padded, the largest that fits is "
+        f"{pick.padded_micro_batch or 'none'})"
     )
 
 
@@ -329,16 +278,6 @@ def _gib(value: float) -> str:
     return f"{value:.1f}".removesuffix(".0")
 
 
-def _disk(report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout) -> None:
-    setup = training_setup(task, script_args, args, model_args, layout, report.context)
-    saves = saves_during_run(layout.max_steps, str(_value(args.save_strategy)), float(args.save_steps))
-    weight_bytes = 4 if setup.precision == "fp32_master" else 2
-    report.disk = plan_disk(
-        report.shape, weight_bytes, setup.optim, saves, args.save_total_limit, setup.zero_stage, setup.lora_rank
-    )
-    report.lines.append(report.disk.render())
-
-
 def _semantics(report: Preflight, script_args, args, model_args) -> None:
     kwargs = args.chat_template_kwargs or {}
     if kwargs and not script_args.chat_template:
@@ -349,7 +288,7 @@ def _semantics(report: Preflight, script_args, args, model_args) -> None:
                 "remove chat_template_kwargs, or set chat_template: true",
             )
         )
-    dtype = _two_byte_dtype(model_args)
+    dtype = two_byte_dtype(model_args)
     if report.context.zero_stage == 0 and dtype is not None:
         report.lines.append(
             f"precision: pure {dtype} weights and optimizer states (dtype {dtype}): lr {args.learning_rate:g} updates "
@@ -390,8 +329,8 @@ def _package_needs(args, model_args, context: RunContext) -> dict[str, str]:
         needs["vllm"] = "use_vllm: vLLM generation"
     if context.zero_stage:
         needs["deepspeed"] = f"distributed_type: DeepSpeed ZeRO-{context.zero_stage}"
-    if "8bit" in str(_value(args.optim)):
-        needs["bitsandbytes"] = f"optim: {_value(args.optim)}"
+    if "8bit" in str(enum_value(args.optim)):
+        needs["bitsandbytes"] = f"optim: {enum_value(args.optim)}"
     if model_args.use_peft:
         needs["peft"] = "use_peft: LoRA"
     return needs
