@@ -205,6 +205,9 @@ def test_pack_rows_by_hand():
     assert one.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 0]]
     assert one.labels.tolist() == [[-100, 6, 7, -100, -100, 3, 4, 2, -100]]  # a row's first token: never scored
     assert one.index.tolist() == [[1, 2, 3, 5, 6, 7, 8, 9, 12]]
+    # flash-attention's varlen arguments of the one row: boundaries 0, 3, 3 + 5, 3 + 5 + 1 (int32), longest 5
+    assert one.varlen_kwargs()["cu_seq_lens_q"].tolist() == [0, 3, 8, 9] and one.cu_seq_lens.dtype == torch.int32
+    assert one.varlen_kwargs()["max_length_k"] == 5
     # values[k, j - 1] belongs to packed token (k, j); back to (B, T) over the completion columns, 0 at padding.
     values = torch.tensor([[10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0]])
     assert unpack_per_token(values, one, 3).tolist() == [[10.0, 11.0, 0.0], [14.0, 15.0, 16.0], [17.0, 0.0, 0.0]]
@@ -215,6 +218,7 @@ def test_pack_rows_by_hand():
     assert bins.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]
     assert bins.labels.tolist() == [[-100, -100, 3, 4, 2], [-100, 6, 7, -100, -100]]
     assert bins.index.tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 12, -1]]
+    assert bins.cu_seq_lens is None  # several packed rows: the dense-mask kernels, no varlen arguments
     values = torch.tensor([[20.0, 21.0, 22.0, 23.0], [30.0, 31.0, 32.0, 33.0]])
     assert unpack_per_token(values, bins, 3).tolist() == [[30.0, 31.0, 0.0], [21.0, 22.0, 23.0], [32.0, 0.0, 0.0]]
     assert assign_rows([3, 5, 1, 4, 2], capacity=5) == [[1], [3, 2], [0, 4]]
@@ -305,11 +309,11 @@ def test_refuses_an_attention_that_cannot_pack_and_fixed_shapes(char_tokenizer, 
 
 
 def test_refuses_recurrent_layers_and_multimodal_batches(char_tokenizer, tmp_path):
-    config = tiny_model(char_tokenizer).config
-    assert packing_problem(config) is None
-    config.layer_types = ["linear_attention"]  # e.g. Qwen3-Next's Gated DeltaNet layers carry state
-    assert "linear_attention layers" in packing_problem(config)
-    assert "multimodal" in packing_problem(tiny_model(char_tokenizer).config, is_multimodal=True)
+    model = tiny_model(char_tokenizer)
+    assert packing_problem(model) is None
+    model.config.layer_types = ["linear_attention"]  # e.g. Qwen3-Next's Gated DeltaNet layers carry state
+    assert "linear_attention layers" in packing_problem(model)
+    assert "multimodal" in packing_problem(tiny_model(char_tokenizer), is_multimodal=True)
 
     trainer = make_trainer(char_tokenizer, tmp_path, padding_free=True)
     input_ids, mask, t = ragged_rows(len(char_tokenizer))

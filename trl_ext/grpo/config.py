@@ -197,8 +197,11 @@ class AblationGRPOConfig(GRPOConfig):
             "grow (and GA shrink) within the same memory. Log-probs and entropies go through TRL's fused LM head "
             "in both layouts (tiles of 4096 tokens x 32768 vocabulary entries, never a (tokens, vocab) tensor). "
             "Needs attention eager, sdpa, flex_attention or flash_attention_2/3/4 (transformers separates the "
-            "packed sequences by their position_ids) and a text-only model whose layers all attend; refused "
-            "otherwise, and with pad_to_multiple_of (fixed shapes). Generation is unchanged. TRL's SFTConfig / "
+            "packed sequences by their position_ids) and a text-only model whose layers all attend, of a model type "
+            "known to keep packed rows apart (trl_ext.preflight.packed_models.PACKED_MODEL_TYPES), without "
+            "prompt-learning PEFT (prefix tuning); refused otherwise, and with pad_to_multiple_of (fixed shapes). "
+            "With flash-attention the sequence boundaries go to every layer as the varlen arguments cu_seq_lens_q/k "
+            "and max_length_q/k, computed once per forward. Generation is unchanged. TRL's SFTConfig / "
             "DPOConfig padding_free are the same idea for their trainers; GRPOConfig has none."
         },
     )

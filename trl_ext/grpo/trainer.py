@@ -71,7 +71,8 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
       restarting per row, no attention mask; one row for flash-attention, rows of at most the longest row's tokens for
       sdpa / eager) for TRL's fused LM head, and the log-probs / entropies are scattered back to TRL's `(B, T)` layout.
       TRL calls it for the policy, the old policy and the reference model, so all three are packed. `__init__` refuses
-      `padding_free` for a processor (multimodal) or a model that cannot pack (`trl_ext.grpo.packing.packing_problem`).
+      `padding_free` for a processor (multimodal) or a model whose packed rows could attend to each other (a model
+      type off the allow-list, prompt-learning PEFT, another attention: `trl_ext.grpo.packing.packing_problem`).
 
     `trl_ext.grpo.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
     rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
@@ -99,7 +100,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             )
         super().__init__(model, reward_funcs, args=args, **kwargs)
         if args.padding_free:
-            problem = packing_problem(self.model.config, is_multimodal=self._is_vlm)
+            problem = packing_problem(self.model, is_multimodal=self._is_vlm)
             if problem is not None:
                 raise ValueError(f"padding_free=True cannot be used here: {problem}; set padding_free=False")
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
@@ -196,7 +197,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
             # Checked per call: the reference model is another model, and generation may switch the attention.
             return packed_logps_and_entropies(
                 model,
-                self.accelerator.unwrap_model(model).config,
+                self.accelerator.unwrap_model(model),
                 input_ids,
                 attention_mask,
                 logits_to_keep,

@@ -2,13 +2,14 @@
 
 Checks over a parsed plan: the bottom layer under `trl_ext.recipes` (which parses and starts recipes) and
 `trl_ext.launch` (which plans and starts launches); nothing here imports either. Modules: `batch` (batch arithmetic
-per world size), `models` (parameter counts and head counts from a model config), `setup` (what one training
-process holds, read once from the parsed recipe), `memory` (the peak GPU memory estimate, a pure function of the
-shape and the setup), `knobs` (the recipe changes that lower it), `fit` (the picker: the estimate against the limit,
-the micro-batch that fits, the knobs that fit), `disk` (checkpoint sizes), `environment` (ports, wandb,
-extras, model and data sources), `context` (where a run runs: processes, GPUs, free memory, device order), `driver`
-(the NVIDIA driver against torch's CUDA), `rundir` (output_dir and explicit resume), `plan` (all of it for one
-parsed recipe, and the printed plan), `problems` (the error type). Top-level imports are stdlib only.
+per world size), `models` (parameter counts and head counts from a model config), `setup` (what one training process
+holds, read once from the parsed recipe), `memory` (the peak GPU memory estimate, a pure function of the shape and the
+setup), `knobs` (the recipe changes that lower it), `fit` (the picker: the estimate against the limit, the micro-batch
+that fits, the knobs that fit), `disk` (checkpoint sizes), `environment` (ports, wandb, extras, model and data
+sources), `context` (where a run runs: processes, GPUs, free memory, device order), `driver` (the NVIDIA driver
+against torch's CUDA), `rundir` (output_dir and explicit resume), `packed_models` (the model types `padding_free` may
+pack), `plan` (all of it for one parsed recipe, and the printed plan), `problems` (the error type). Top-level imports
+are stdlib only.
 """
 
 from trl_ext.preflight.batch import BatchLayout, check_batches, derive_gradient_accumulation, plan_batches

@@ -31,6 +31,7 @@ from trl_ext.preflight.environment import (
 from trl_ext.preflight.fit import MemoryFit, fit_memory
 from trl_ext.preflight.memory import MemoryEstimate
 from trl_ext.preflight.models import ModelShape, load_model_shape
+from trl_ext.preflight.packed_models import padding_free_problems
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
 from trl_ext.preflight.setup import TrainingSetup, enum_value, training_setup, two_byte_dtype
@@ -150,6 +151,8 @@ def check_recipe(
         f"logs:    {args.output_dir} (trainer_state.json, rollouts.jsonl, {RUN_RECORD}); wandb {wandb_line}"
     )
     problems += check_model_source(model_args.model_name_or_path)
+    if getattr(args, "padding_free", False):  # a model whose packed rows could attend to each other
+        problems += padding_free_problems(model_args.model_name_or_path or "")
     problems += check_data_source(script_args.dataset_source, "dataset_source")
     problems += check_data_source(script_args.eval_source, "eval_source")
     data = script_args.dataset_source or f"the {task} default"
