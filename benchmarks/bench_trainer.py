@@ -17,13 +17,13 @@ median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results
 Padding-free (`--padding-free`, issue 24): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock, ours
 with `padding_free=True`, ours with `padding_free=False` (what remains is the compact LM head,
 `trl_ext.grpo.fused_head`), so the two effects separate. Completions are not generated (far too slow on the CPU at
-these lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`): prompts of 100
-to 150 tokens (uniform, as Countdown's chat prompt), completion lengths log-normal with median 250 and sigma 0.75,
-clipped to [16, 1024] (about 3% reach 1024, as truncated Countdown / MATH rollouts do). The model is wider and deeper
-(`PF_MODEL`: 4 layers, 128 wide) so the transformer body costs something, though per token it is still ~1/20 of the
-151,669-row LM head's work (a 1.7B model's body is ~4x its head's), so on the CPU the head dominates. Writes
-benchmarks/results/trainer_padding_free.json; each trainer's first-step loss, gradient norm and entropy are recorded to
-check they agree.
+these lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`,
+benchmarks/_fixed_rollouts.py, shared with the GPU kit): prompts of 100 to 150 tokens (uniform, as Countdown's chat
+prompt), completion lengths log-normal with median 250 and sigma 0.75, clipped to [16, 1024] (about 3% reach 1024,
+as truncated Countdown / MATH rollouts do). The model is wider and deeper (`PF_MODEL`: 4 layers, 128 wide) so the
+transformer body costs something, though per token it is still ~1/20 of the 151,669-row LM head's work (a 1.7B
+model's body is ~4x its head's), so on the CPU the head dominates. Writes benchmarks/results/trainer_padding_free.json;
+each trainer's first-step loss, gradient norm and entropy are recorded to check they agree.
 
     python benchmarks/bench_trainer.py --padding-free --quick   # per-device batch 8, one ABBA-free pass, minutes
     python benchmarks/bench_trainer.py --padding-free           # batches 2, 8, 16, 2 repeats
@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from _data import data_dir
+from _fixed_rollouts import PF_COMPLETION, PF_PROMPT_TOKENS, FixedRollouts, id_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -64,61 +65,12 @@ PF_IMPLS = {"stock": None, "ours_pf": dict(padding_free=True), "ours_compact": d
 PF_RESULTS = ROOT / "benchmarks" / "results" / "trainer_padding_free.json"
 PF_GOAL = 0.6  # ours padding_free / stock step time at per-device batch 8
 PF_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512)
-PF_PROMPT_TOKENS = (100, 150)
-PF_COMPLETION = dict(median=250, sigma=0.75, low=16, high=1024)  # log-normal, clipped
 PROMPTS = [
     "Using the numbers 3, 5 and 7, make 22.",
     "What is 17 times 23?",
     "Solve for x: 2x + 3 = 11.",
     "How many primes are below 30?",
 ]
-
-
-def id_reward(completion_ids, **kwargs) -> list[float]:
-    """Deterministic reward with spread inside groups, so both trainers do the same non-trivial work."""
-    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
-
-
-class FixedRollouts:
-    """TRL's `rollout_func`: the `k`-th call returns the `k`-th of a seeded sequence of batches, whatever the trainer.
-
-    Each group (consecutive prompts, TRL repeats every prompt `num_generations` times) gets one prompt of
-    `PF_PROMPT_TOKENS` tokens; each completion a length from `PF_COMPLETION`; token ids uniform over ordinary
-    vocabulary entries, no EOS (so the reward `id_reward` has spread and TRL counts the completions as truncated,
-    which changes no loss here).
-    """
-
-    def __init__(self, vocab_size: int, seed: int = 0):
-        self.vocab_size, self.seed, self.calls = vocab_size, seed, 0
-
-    def lengths(self, n: int, gen) -> list[int]:
-        import torch
-
-        c = PF_COMPLETION
-        draws = torch.exp(torch.randn(n, generator=gen) * c["sigma"]) * c["median"]
-        return draws.round().clamp(c["low"], c["high"]).long().tolist()
-
-    def __call__(self, prompts, trainer) -> dict:
-        import torch
-
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.calls)
-        self.calls += 1
-        low, high = 1000, min(self.vocab_size, 100_000)  # clear of the special tokens at either end
-        prompt_ids, previous = [], None
-        for prompt in prompts:
-            if prompt != previous:
-                length = int(torch.randint(PF_PROMPT_TOKENS[0], PF_PROMPT_TOKENS[1] + 1, (1,), generator=gen))
-                ids = torch.randint(low, high, (length,), generator=gen).tolist()
-            prompt_ids.append(ids)
-            previous = prompt
-        completion_ids = [
-            torch.randint(low, high, (n,), generator=gen).tolist() for n in self.lengths(len(prompts), gen)
-        ]
-        return {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "logprobs": [[0.0] * len(c) for c in completion_ids],
-        }
 
 
 def _vm_hwm_mb() -> float | None:

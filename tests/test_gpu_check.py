@@ -1,64 +1,162 @@
-"""benchmarks/gpu_check.py: the GPU kit's parts in CPU smoke mode (recipe parse, random-init Qwen3 and Qwen2.5
-configs, ours vs stock TRL per precision mode, the seed-004 estimate), and what lets it run on the device at all
-(issue #23 item 16): the JSON written after every part, a failing part recorded while the next one runs, one part
-per call with results accumulating, another benchmark script as a part, and a wheel budget under the device's 64 MiB
-transfer that includes bitsandbytes. Its numbers are not GPU numbers; the GPU run needs the device (docs/gpu.md)."""
+"""benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command (issue #32 item 8).
+
+The default run's plan (`--plan`) totals at most 480 s on one H100, set-up included, with each part's seconds derived
+from model size, tokens and steps (checked here against a hand computation); the JSON goes to `$OUT` when it is set;
+a part that would not fit the budget is skipped with a message and the rest is written; every timed step trains on
+fixed completions through TRL's `rollout_func` (one rollout call and no `generate` call per step), and the default run
+writes the fp32-master vs pure-bf16 and padding-free vs stock pairs. Plus what lets it run on the device at all
+(issue #23 item 16): the JSON written after every part, a failing part recorded while the next one runs, another
+benchmark script as a part, a wheel budget under the 64 MiB transfer. The smoke run's numbers are not GPU numbers.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 try:
+    import _fixed_rollouts
     import _gpu_kit
+    import _gpu_plan
+    import _gpu_runs
     import gpu_check
 finally:
     sys.path.pop(0)
 
+DEFAULT_PARTS = ["precision_fp32_master", "precision_pure_bf16", "padding_free", "seed004"]
+
+
+def _fake_part(monkeypatch, name: str, seconds: float, value: int = 1) -> None:
+    def run(args, workdir):
+        return {"value": value}
+
+    plan = _gpu_plan.PartPlan("a test part", fixed_s=seconds)
+    monkeypatch.setitem(_gpu_kit.PARTS, name, _gpu_kit.Part(name, run, lambda args: plan, default=False))
+
+
+def test_plan_lists_the_default_parts_within_480_seconds(capsys):
+    """The old kit's default parts were ~12 minutes (3 + 3 + 6) and it had no plan. Now `--plan` lists the default
+    run, set-up included, within 480 s, and one part's seconds match a hand computation of the stated assumptions:
+    precision_pure_bf16 on Qwen3-1.7B (P = 1,720,574,976, the embedding 151,936 x 2048 = 311,164,928), 64 rows of
+    150 + 256 tokens per step, 32 micro-batches of 2, 5 steps per run, ours and stock."""
+    report = gpu_check.main(["--plan"])
+    printed = capsys.readouterr().out
+    assert [name for name, p in gpu_check.PARTS.items() if p.default] == DEFAULT_PARTS
+    assert list(report["parts"]) == DEFAULT_PARTS
+    total = report["setup_s"] + sum(report["parts"].values())
+    assert total <= 480 and report["budget_s"] == 480
+    assert "ESTIMATES" in printed and "150 TFLOP/s" in printed
+    for name, seconds in report["parts"].items():
+        assert f"{name:<24}{seconds:6.0f} s" in printed
+    assert f"{'total':<24}{total:6.0f} s" in printed
+    params, embedding, body = 1_720_574_976, 151_936 * 2048, 1_720_574_976 - 151_936 * 2048
+    flops = 8 * body + 6 * embedding + 8 * 28 * 2048 * 406  # per token, rows of 406
+    step = 64 * 406 * flops / 150e12 + params * (32 * 6 + 14) / 2.5e12  # compute + bf16 accumulation + AdamW
+    assert report["parts"]["precision_pure_bf16"] == pytest.approx(2 * (15 + 5 * step), rel=1e-9)
+    assert report["parts"]["precision_pure_bf16"] == pytest.approx(54.51, abs=0.01)
+
+
+def test_expected_completion_length_is_the_mean_of_the_draws():
+    """The plan's packed row length uses the clipped log-normal's mean; compare with 200,000 draws of the same
+    sampler the runs use (its standard error is ~0.4 tokens)."""
+    import torch
+
+    rollouts = _fixed_rollouts.FixedRollouts(151_669)
+    draws = rollouts.lengths(200_000, torch.Generator().manual_seed(0))
+    assert sum(draws) / len(draws) == pytest.approx(_fixed_rollouts.mean_completion_tokens(), abs=2.0)
+    at_limit = gpu_check.completions_within(256, all_at_limit=True)
+    assert _fixed_rollouts.mean_completion_tokens(at_limit) == 256
+
+
+def test_output_defaults_to_OUT_when_set(tmp_path, monkeypatch):
+    """The old default was benchmarks/results/gpu_check.json inside the repository, which a remote runner that
+    collects only its output folder never brings back."""
+    _fake_part(monkeypatch, "fake", 1.0)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    gpu_check.main(["--smoke", "--part", "fake"])
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["parts"]["fake"]["status"] == "ok" and written["parts"]["fake"]["value"] == 1
+    assert gpu_check.parse_args([]).output == str(tmp_path / "gpu_check.json")
+    monkeypatch.delenv("OUT")
+    assert gpu_check.parse_args([]).output == str(REPO / "benchmarks" / "results" / "gpu_check.json")
+
+
+def test_a_part_that_would_pass_the_budget_is_skipped_and_the_rest_written(tmp_path, monkeypatch):
+    """The old kit ran every part whatever the time (the device stops a command at 600 s, losing the last part).
+    Now a part expected to take longer than what is left is recorded as skipped with the reason, the others run, and
+    a run still training at the deadline stops after its step."""
+    out = tmp_path / "kit.json"
+    _fake_part(monkeypatch, "quick", 1.0, value=7)
+    _fake_part(monkeypatch, "long", 1000.0)
+    argv = ["--smoke", "--part", "quick", "--part", "long", "--budget-s", "100", "--output", str(out)]
+    report = gpu_check.main(argv)
+    on_disk = json.loads(out.read_text())["parts"]
+    assert on_disk["quick"]["status"] == "ok" and on_disk["quick"]["value"] == 7
+    assert on_disk["long"]["status"] == "skipped" and "value" not in on_disk["long"]
+    assert "expected 1000 s" in on_disk["long"]["reason"] and "--part NAME" in on_disk["long"]["reason"]
+    assert report["parts"]["long"]["expected_s"] == 1000.0
+
+    from transformers import TrainerControl
+
+    model, rollouts = SimpleNamespace(generate_calls=0), SimpleNamespace(calls=0)
+    for deadline, stops in ((time.monotonic() + 3600, False), (time.monotonic() - 1, True)):
+        timer, control = _gpu_runs._step_timer(model, rollouts, deadline), TrainerControl()
+        timer.on_step_begin(None, None, control)
+        rollouts.calls += 1
+        timer.on_step_end(None, None, control)
+        assert control.should_training_stop is stops and timer.stopped is stops
+        assert timer.rollout_calls == [1] and timer.generate_calls == [0]
+
 
 @pytest.mark.slow
-def test_smoke_mode_runs_the_parts_and_writes_the_json(tmp_path):
-    """fp32 master weights and seed 004 in CPU smoke mode. `precision_pure_bf16` is the same function with the
-    bfloat16 dtype (checked below without running it: on the CPU each of its four trainer runs costs ~15 s through
-    TRL's fused 151,936-row LM head, and the suite's time is budgeted)."""
+def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_pairs(tmp_path):
+    """The default run in CPU smoke mode. The old kit's timed steps each began with a `generate` on the random model
+    (no `step_generate_calls`, no padding-free part, no pairs); now every run of every part trains on
+    `FixedRollouts` (one `rollout_func` call per step, zero `generate` calls), ours and stock start from the same
+    weights and compute the same first gradient, and the JSON holds the ours/stock, fp32-master/pure-bf16 and
+    padding-free/stock ratios computed from the runs' medians."""
     out = tmp_path / "gpu_check.json"
-    report = gpu_check.main(["--smoke", "--part", "precision_fp32_master", "--part", "seed004", "--output", str(out)])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
-    assert report["smoke"] is True and report["steps"] == 2
+    report = gpu_check.main(["--smoke", "--output", str(out)])
     parts = report["parts"]
-    assert sorted(parts) == ["precision_fp32_master", "seed004"]
-    assert all(p["status"] == "ok" and p["seconds"] > 0 for p in parts.values()), parts
-    assert [name for name, p in gpu_check.PARTS.items() if p.default] == [
-        "precision_fp32_master",
-        "precision_pure_bf16",
-        "seed004",
-    ]
-    assert gpu_check.MODES == {"fp32_master": "float32", "pure_bf16": "bfloat16"}
-    seen = []
-    with pytest.MonkeyPatch.context() as mp:  # the part not run above calls the same function in its own mode
-        mp.setattr(gpu_check, "precision_run", lambda mode, args, workdir: seen.append(mode) or {})
-        gpu_check.PARTS["precision_pure_bf16"].run(None, tmp_path)
-    assert seen == ["pure_bf16"]
-    for mode in ("fp32_master",):
-        runs = parts[f"precision_{mode}"]
-        for kind in ("ours", "stock"):
-            assert runs[kind]["trainer"] == kind and len(runs[kind]["step_s"]) == 2  # both trainers, two steps
-            assert runs[kind]["peak_gib"] is None  # no CUDA: no memory number pretends to be one
-        ratio = runs["ours"]["median_step_s"] / runs["stock"]["median_step_s"]
-        assert runs["step_time_ratio_ours_over_stock"] == pytest.approx(ratio)
-        assert runs["ours"]["first_loss"] == pytest.approx(runs["stock"]["first_loss"], abs=1e-6)
+    runs = [parts[f"precision_{m}"][k] for m in ("fp32_master", "pure_bf16") for k in ("ours", "stock")]
+    assert [run["step_generate_calls"] for run in runs] == [[0, 0]] * 4  # no generation inside a timed step
+    assert list(parts) == DEFAULT_PARTS and all(p["status"] == "ok" for p in parts.values()), parts
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["smoke"] is True and report["steps"] == 2 and report["setup"]["seconds"] > 0
+    pf = parts["padding_free"]["cases"]["sdpa, per-device batch 2"]
+    runs += [pf["ours_pf"], pf["stock"], parts["seed004"]]
+    for run in runs:
+        steps = 1 if run is parts["seed004"] else 2
+        assert run["step_generate_calls"] == [0] * steps and run["generate_calls"] == 0, run
+        assert run["step_rollout_calls"] == [1] * steps and len(run["step_s"]) == len(run["rollout_s"]) == steps
+        assert all(r < s for r, s in zip(run["rollout_s"], run["step_s"], strict=True))
+        assert run["peak_gib"] is None and not run["stopped_at_budget"]  # no CUDA: no memory number
+    for mode in ("fp32_master", "pure_bf16"):
+        ours, stock = parts[f"precision_{mode}"]["ours"], parts[f"precision_{mode}"]["stock"]
+        assert ours["first_grad_norm"] == pytest.approx(stock["first_grad_norm"], rel=1e-5)
+        assert report["pairs"][f"{mode}: ours / stock"]["step_time"] == pytest.approx(
+            ours["median_step_s"] / stock["median_step_s"]
+        )
+    for kind in ("ours", "stock"):
+        fp32, bf16 = parts["precision_fp32_master"][kind], parts["precision_pure_bf16"][kind]
+        pair = report["pairs"][f"fp32_master / pure_bf16: {kind}"]
+        assert pair["step_time"] == pytest.approx(fp32["median_step_s"] / bf16["median_step_s"])
+    assert pf["ours_pf"]["first_grad_norm"] == pytest.approx(pf["stock"]["first_grad_norm"], rel=1e-5)
+    assert report["pairs"]["padding_free / stock: sdpa, per-device batch 2"]["step_time"] == pytest.approx(
+        pf["ours_pf"]["median_step_s"] / pf["stock"]["median_step_s"]
+    )
     seed004 = parts["seed004"]
-    assert seed004["generator"] == "transformers"  # no vLLM in the kit
-    expected_optim = "adamw_bnb_8bit" if importlib.util.find_spec("bitsandbytes") else "adamw_torch_fused"
+    expected_optim = "adamw_bnb_8bit" if gpu_check._imports("bitsandbytes") else "adamw_torch_fused"
     assert seed004["optim"] == expected_optim
     # the estimate is the full-size model's at the recipe's setup: the fused-AdamW fallback does not fit 24 GiB
-    assert seed004["estimate_predicts_oom"] == (seed004["estimate_peak_gib"] > 24.0)
+    assert seed004["estimate_predicts_oom"] == (seed004["estimate_training_peak_gib"] > 24.0)
     assert seed004["estimate_phases_gib"].keys() == {"train", "optimizer step", "generation"}  # validation off
 
 
@@ -79,10 +177,12 @@ def test_each_part_is_written_when_it_ends_and_a_failure_does_not_stop_the_next(
     def last(args, workdir):
         return {"value": 3}
 
+    plan = _gpu_plan.PartPlan("a test part", fixed_s=0.1)
     for name, run in (("first", first), ("broken", broken), ("last", last)):
-        monkeypatch.setitem(_gpu_kit.PARTS, name, _gpu_kit.Part(name, run, 0.1))
+        monkeypatch.setitem(_gpu_kit.PARTS, name, _gpu_kit.Part(name, run, lambda args: plan))
     report = _gpu_kit.run_parts(["first", "broken"], None, tmp_path, out, {}, cleanup=lambda: None)
-    assert seen_on_disk == [{"first": {"status": "ok", "value": 1, "seconds": pytest.approx(0, abs=1)}}]
+    first_entry = {"status": "ok", "value": 1, "seconds": pytest.approx(0, abs=1), "expected_s": 0.1}
+    assert seen_on_disk == [{"first": first_entry}]
     broken_entry = json.loads(out.read_text())["parts"]["broken"]
     assert broken_entry["status"] == "failed" and "illegal memory access" in broken_entry["error"]
     assert "RuntimeError" in broken_entry["traceback"]
@@ -99,11 +199,12 @@ def test_a_benchmark_script_is_one_line_of_part(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(_gpu_kit, "ROOT", Path("/"))  # the script and its results by absolute path here
     monkeypatch.setitem(_gpu_kit.PARTS, "x", None)
-    part = _gpu_kit.script_part("x", str(script)[1:], "--fast", results=str(result)[1:], minutes=1)
+    part = _gpu_kit.script_part("x", str(script)[1:], "--fast", results=str(result)[1:], seconds=60)
     args = type("Args", (), {"deadline": None})()
     out = part.run(args, tmp_path)
     assert out["results"] == {"ratio": 0.97, "argv": ["--fast"]} and out["returncode"] == 0
-    failing = _gpu_kit.script_part("y", str(script)[1:] + "-missing", minutes=1)
+    assert part.expect(args).seconds == 60
+    failing = _gpu_kit.script_part("y", str(script)[1:] + "-missing", seconds=60)
     with pytest.raises(RuntimeError, match="exited with 2"):
         failing.run(args, tmp_path)
     monkeypatch.delitem(_gpu_kit.PARTS, "y")
