@@ -78,6 +78,7 @@ LONGEST_FIRST = (
     "test_preflight_runs.py",
     "test_vllm_colocate.py",
     "test_sampling_vllm.py",
+    "test_vllm_finish_reasons.py",
     "test_kissing_recipe.py",
     "test_recipe_runs.py",
     "test_preflight_table.py",

@@ -223,3 +223,42 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
     assert "current_gradient_accumulation_steps" in inspect.getsource(transformers.Trainer), _changed(
         "transformers.Trainer.current_gradient_accumulation_steps (the loss divides by it)"
     )
+
+
+def test_vllm_outputs_the_finish_reason_record_follows():
+    # trl_ext/grpo/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL reads the
+    # completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+    from vllm.outputs import CompletionOutput
+
+    where = "trl_ext/grpo/finish_reasons.py"
+    expected = {
+        VLLMClient.generate: [
+            'choices = self._post(f"{self.base_url}/v1/completions", json=payload)["choices"]',
+            'completion_ids = [choice["token_ids"] for choice in choices]',
+        ],
+        VLLMGeneration._init_vllm: ["self.vllm_client = VLLMClient(", "self.llm = LLM("],
+        VLLMGeneration.generate: [
+            "output = self.vllm_client.generate(",
+            "broadcast_object_list(obj_list, from_process=0)",
+            "accelerator.process_index * len(prompts),",
+            "all_outputs = self.llm.generate(vllm_prompts, sampling_params=sampling_params, use_tqdm=False)",
+            "all_completion_ids = [output.token_ids for outputs in all_outputs for output in outputs.outputs]",
+            "local_rank_in_group = torch.distributed.get_rank(group=self.tp_group)",
+            "tp_slice = slice(local_rank_in_group * orig_size, (local_rank_in_group + 1) * orig_size)",
+            "return prompt_ids, completion_ids, logprobs, logprob_token_ids",
+        ],
+        GRPOTrainer._generate_single_turn: ["_, completion_ids, logprobs, _ = self.vllm_generation.generate("],
+        GRPOTrainer._generate: [
+            "is_truncated = torch.tensor([ids[-1] not in eos_and_pad for ids in completion_ids], device=device)",
+            "return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images",
+        ],
+    }
+    for method, lines in expected.items():
+        source = inspect.getsource(method)
+        for line in lines:
+            assert line in source, _changed(f"{method.__qualname__} no longer has `{line}` ({where})")
+    assert _params(VLLMClient._post) == ["self", "url", "kwargs"], _changed(f"VLLMClient._post ({where})")
+    fields = {f.name for f in dataclasses.fields(CompletionOutput)}
+    assert {"token_ids", "finish_reason", "stop_reason"} <= fields, f"vLLM's CompletionOutput fields changed ({where})"

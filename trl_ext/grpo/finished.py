@@ -11,8 +11,9 @@ with its last token (vLLM stops as soon as the text holds a stop string, `vllm/v
 `check_stop_strings`; the token ids keep the stop string's tokens whether or not `include_stop_str_in_output`
 keeps its text). Only a completion cut at `max_completion_length` (or the model's context) is truncated.
 
-`FinishedCompletionsMixin` (between a trainer and `trl.GRPOTrainer`) overrides two methods, calling TRL's:
+`FinishedCompletionsMixin` (between a trainer and `trl.GRPOTrainer`) overrides three methods, calling TRL's:
 
+- `__init__`: installs `trl_ext.grpo.finish_reasons` on the trainer's vLLM objects (no-op without vLLM);
 - `_generate`: recomputes the four metrics TRL just logged from its rule (clipped ratio, mean / min / max terminated
   length) over every process's completions;
 - `_generate_and_score_completions`: with `mask_truncated_completions`, runs TRL's with its masking off and zeroes
@@ -20,7 +21,14 @@ keeps its text). Only a completion cut at `max_completion_length` (or the model'
   `num_items_in_batch` as TRL counts it. TRL's old / reference log-probs of the masked rows then come from an
   unmasked attention (TRL's from a masked one); they multiply a zero mask either way.
 
-Without stop strings in `generation_kwargs` (`stop` for vLLM, `stop_strings` for transformers) both defer to TRL.
+With vLLM (server and colocate modes) vLLM's own `finish_reason` decides: "stop" (EOS, stop token, stop string) is
+finished, anything else ("length", "abort") truncated (`trl_ext.grpo.finish_reasons` keeps what TRL drops). The token
+tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls, `rollout_func`).
+The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop string
+decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word can.
+
+Without vLLM (`use_vllm: false`) and without stop strings in `generation_kwargs` (`stop` for vLLM, `stop_strings`
+for transformers) both defer to TRL.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from trl_ext.grpo.finish_reasons import install_finish_reasons, vllm_finish_reasons
 from trl_ext.grpo.sampling import loss_mask
 
 
@@ -80,17 +89,29 @@ class FinishedCompletionsMixin:
 
     _finished: torch.Tensor | None = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.use_vllm:
+            install_finish_reasons(self.vllm_generation)  # vLLM's finish reasons, on self.vllm_generation
+
     def _generate(self, prompts):
+        generation = self.vllm_generation if self.use_vllm else None
+        if generation is not None:
+            generation.finish_reasons = None  # a rollout_func generates without TRL's vLLM call: no stale record
         output = super()._generate(prompts)
-        stops = stop_strings(self.args.generation_kwargs)
-        self._finished = None
-        if not stops:
-            return output
         completion_ids, tool_mask = output[1], output[2]
-        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
-        decode = lambda ids: self._tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+        stops = stop_strings(self.args.generation_kwargs)
+        reasons = vllm_finish_reasons(generation, completion_ids)
         device = self.accelerator.device
-        self._finished = torch.tensor(finished_completions(completion_ids, eos_and_pad, decode, stops), device=device)
+        if reasons is not None:
+            finished = reasons.finished()
+        else:  # the token tail; without stop strings this is TRL's rule
+            eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            decode = lambda ids: self._tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+            finished = finished_completions(completion_ids, eos_and_pad, decode, stops)
+        self._finished = torch.tensor(finished, dtype=torch.bool, device=device)
+        if not (self.use_vllm or stops):
+            return output  # TRL's rule: its metrics stand (the condition is the same on every process)
         # TRL logged these from its own rule just now; replace them, over every process's completions as TRL's.
         lengths = [sum(mask) for mask in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
         all_lengths = self.accelerator.gather(torch.tensor(lengths, device=device))
@@ -106,7 +127,7 @@ class FinishedCompletionsMixin:
         return output
 
     def _generate_and_score_completions(self, inputs):
-        if not (self.mask_truncated_completions and stop_strings(self.args.generation_kwargs)):
+        if not (self.mask_truncated_completions and (self.use_vllm or stop_strings(self.args.generation_kwargs))):
             return super()._generate_and_score_completions(inputs)
         self.mask_truncated_completions = False  # TRL's rule would also mask the completions that stopped
         try:
