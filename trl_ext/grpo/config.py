@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
+from trl_ext.grpo.async_rollouts import check_async_rollouts_config
 from trl_ext.grpo.axes import (
     PG_LOSS_CHOICES,
     TRL_LOSS_TYPES,
@@ -184,6 +185,27 @@ class AblationGRPOConfig(GRPOConfig):
         },
     )
 
+    async_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate the next generation batch on the vLLM server while this process trains on the current "
+            "one (vllm_mode 'server'): the weights are pushed between generations, each row keeps the policy version "
+            "(optimizer step) that sampled it, and the loss corrects for the lag through TRL's vLLM importance-"
+            "sampling correction (pi_trainer / pi_sampler from the server's log-probs). Every objective axis, "
+            "padding_free and dynamic_sampling work unchanged. See docs/trainer.md 'Asynchronous rollouts'."
+        },
+    )
+    max_staleness: int | None = field(
+        default=None,
+        metadata={
+            "help": "With async_rollouts: how many optimizer steps older than the scoring policy the sampling policy "
+            "may be. 0 is the synchronous path; m = optimizer steps per generation batch (steps_per_generation * "
+            "num_iterations / gradient_accumulation_steps; 1 on-policy) is the most overlap and the default; values "
+            "in between request the next batch after m - max_staleness steps of the current one. An error without "
+            "async_rollouts."
+        },
+    )
+
     padding_free: bool = field(
         default=False,
         metadata={
@@ -216,6 +238,7 @@ class AblationGRPOConfig(GRPOConfig):
         self._check_vespo_sampler_correction()
         check_dynamic_sampling_config(self)
         self._check_padding_free()
+        check_async_rollouts_config(self)
 
     def _check_padding_free(self):
         if self.padding_free and self.pad_to_multiple_of is not None:

@@ -19,6 +19,7 @@ ROW_ENTRIES = {
     "sampling_per_token_logps": (False, 0.0),
     "ref_per_token_logps": (False, 0.0),
     "importance_sampling_ratio": (False, 0.0),
+    "policy_version": (False, 0),  # async rollouts: the optimizer step of the weights that sampled the row
 }
 # Optional multimodal batch entries that TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies`.
 FORWARD_KEYS = (

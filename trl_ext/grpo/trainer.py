@@ -19,6 +19,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
+from trl_ext.grpo.async_rollouts import AsyncRolloutsMixin
 from trl_ext.grpo.config import AblationGRPOConfig
 from trl_ext.grpo.finished import FinishedCompletionsMixin
 from trl_ext.grpo.fused_head import compact_lm_head
@@ -48,7 +49,7 @@ _LOSS_FIELDS = (
 )
 
 
-class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTrainer):
+class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, GRPOTrainer):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     Overrides exactly:
@@ -83,6 +84,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, GRPOTr
     `trl_ext.grpo.finished.FinishedCompletionsMixin` (just above TRL's) counts a completion that ended at a stop string
     as finished, not truncated, in `completions/clipped_ratio`, the terminated-length metrics and
     `mask_truncated_completions`.
+
+    `trl_ext.grpo.async_rollouts.AsyncRolloutsMixin` (innermost) requests the next generation batch from the vLLM
+    server while this one trains (`async_rollouts`), tagging each row with its `policy_version`.
 
     Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """
