@@ -9,6 +9,7 @@ read `1 / |o_b|` (0.25 for the 4-token answer, 1/7 = 0.1429 for the 7-token one)
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trl_ext.objectives import (
@@ -76,3 +77,46 @@ def test_seed000_three_vs_six_tokens():
     # GRPO's masked_mean: a token of the 3-token answer weighs 1 / (3 * 2), twice one of the 6-token answer
     want = torch.tensor([[1 / 6] * 3 + [0.0] * 3, [1 / 12] * 6], dtype=torch.float64)
     assert torch.allclose(per_token.grad, want, rtol=0, atol=1e-15)
+
+
+def test_length_normalization_example_as_seed_003_prints_it():
+    """Seeds 001-003's length-normalisation example (Lambert's), as seed 003 prints it (float32 tensors), with the
+    seeds' `constant_normalizer=` keyword; the printed results are the seed's, to its 4 decimals."""
+    from trl_ext.objectives.seed_api import masked_mean, masked_normalize
+
+    ratio = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]], requires_grad=True, dtype=torch.float32)
+    advs = torch.tensor([[2, 2, 2, 2, 2, 2, 2], [2, 2, 2, 2, 2, 2, 2]], dtype=torch.float32)
+    masks = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])  # generations of 4 and 7 tokens
+    max_gen_len = 7
+    masked_mean_result = masked_mean(ratio * advs, masks, dim=1)
+    masked_normalize_result = masked_normalize(ratio * advs, masks, dim=1, constant_normalizer=max_gen_len)
+    assert torch.allclose(masked_mean_result, torch.tensor([2.0, 2.0]), rtol=0, atol=5e-5)
+    assert torch.allclose(masked_normalize_result, torch.tensor([1.1429, 2.0000]), rtol=0, atol=5e-5)
+    masked_mean_result.mean().backward()
+    want = torch.tensor([[0.2500] * 4 + [0.0] * 3, [0.1429] * 7])
+    assert torch.allclose(ratio.grad, want, rtol=0, atol=5e-5)
+    ratio.grad.zero_()
+    masked_normalize_result.mean().backward()
+    want = torch.tensor([[0.1429] * 4 + [0.0] * 3, [0.1429] * 7])
+    assert torch.allclose(ratio.grad, want, rtol=0, atol=5e-5)
+    # section 4.2's own keyword gives the same; both or neither is an error
+    assert torch.equal(masked_normalize(ratio * advs, masks, max_gen_len, dim=1), masked_normalize_result)
+    with pytest.raises(TypeError, match="exactly one"):
+        masked_normalize(ratio * advs, masks, 7, dim=1, constant_normalizer=7)
+
+
+def test_seeds_001_and_002_print_the_example_with_integer_tensors_torch_cannot_differentiate():
+    """Why the test above uses seed 003's version: seeds 001 and 002 print `torch.tensor([[1, ...]],
+    requires_grad=True)` without a dtype, integers, which torch refuses before any trl_ext code runs."""
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]], requires_grad=True)
+
+
+def test_seed_001_starter_batch_sizes_fail_its_own_asserts():
+    """Seed 001 section 7.2's starter values (rollout 16, train 64, GA 128) against its own sanity asserts: the first
+    fails (64 % 128 = 64), so the recipes use seeds 002/003's consistent 256 / 256 / 128 (docs/recipes.md)."""
+    rollout_batch_size, group_size, train_batch_size, gradient_accumulation_steps = 16, 8, 64, 128
+    assert train_batch_size % gradient_accumulation_steps != 0  # the seed's `assert ... == 0` fails
+    assert train_batch_size // gradient_accumulation_steps == 0  # a micro-batch of 0 sequences
+    assert rollout_batch_size % group_size == 0 and train_batch_size >= group_size  # the other two hold
+    assert train_batch_size != rollout_batch_size  # and "on-policy" (train == rollout batch) does not

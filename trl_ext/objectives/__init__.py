@@ -11,7 +11,9 @@
 composes the loss with TRL's masks, sampler correction and KL penalty. GRPO is `group_mean_std` + `grpo_clip` +
 `masked_mean`; Dr.GRPO (https://arxiv.org/abs/2503.20783) changes two things: `group_mean` and `masked_normalize` by
 `max_completion_length`; DAPO (TRL's default) is `group_mean_std` + `grpo_clip` + `token_mean`. The seeds' function
-API (CS336 A5 names) lives in `seed_api` and is re-exported here.
+API (CS336 A5 names) lives in `seed_api` and is re-exported here (its `masked_normalize` also takes the constant as
+`constant_normalizer=`, as the seeds' length-normalisation example calls it); seed 000's and seed 002's own names are
+`seed_api.seed000` and `seed_api.seed002`.
 """
 
 from trl_ext.objectives.advantages import (
@@ -28,7 +30,6 @@ from trl_ext.objectives.reductions import (
     REDUCTIONS,
     get_reduction,
     masked_mean,
-    masked_normalize,
     reduce_loss,
 )
 from trl_ext.objectives.registry import Registry
@@ -42,6 +43,7 @@ from trl_ext.objectives.seed_api import (
     get_response_log_probs,
     grpo_microbatch_train_step,
     masked_mean_drgrpo,
+    masked_normalize,
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )

@@ -1,12 +1,20 @@
 """The seeds' function API (CS336 A5 names and signatures): tokenisation, log-probs, losses and train steps.
 
 The trainer does not use these; they keep the seeds' unit tests and notebooks working, and each loss here is an
-adapter over the axis functions of `trl_ext.objectives`, so both compute the same numbers. Everything is also
+adapter over the axis functions of `trl_ext.objectives`, so both compute the same numbers. Everything here is also
 importable from `trl_ext.objectives`.
+
+This package follows seeds 001 and 003 (CS336 A5). A seed whose names or semantics differ has a module of its own:
+`seed000` (seed 000's `compute_group_normalized_advantages`, `compute_loss`, and a `masked_mean` per sequence then
+over the batch; its verifier and reward are `trl_ext.rewards.seed000`) and `seed002` (`normalized_by_std`).
+`adapters` maps the courses' `tests/adapters.py` hooks (`run_*`) onto these functions, so the courses' own test
+suites run against trl_ext (docs/objectives.md).
 """
 
+from trl_ext.objectives.reductions import masked_mean
 from trl_ext.objectives.seed_api.logprobs import compute_entropy, get_response_log_probs, tokenize_prompt_and_output
 from trl_ext.objectives.seed_api.losses import (
+    SEED_LOSS_SPELLINGS,
     SEED_LOSSES,
     compute_group_normalized_rewards,
     compute_grpo_clip_loss,
@@ -15,10 +23,12 @@ from trl_ext.objectives.seed_api.losses import (
     compute_policy_gradient_loss,
     masked_mean_drgrpo,
 )
+from trl_ext.objectives.seed_api.reductions import masked_normalize
 from trl_ext.objectives.seed_api.train_steps import grpo_microbatch_train_step, sft_microbatch_train_step
 
 __all__ = [
     "SEED_LOSSES",
+    "SEED_LOSS_SPELLINGS",
     "compute_entropy",
     "compute_group_normalized_rewards",
     "compute_grpo_clip_loss",
@@ -27,7 +37,9 @@ __all__ = [
     "compute_policy_gradient_loss",
     "get_response_log_probs",
     "grpo_microbatch_train_step",
+    "masked_mean",
     "masked_mean_drgrpo",
+    "masked_normalize",
     "sft_microbatch_train_step",
     "tokenize_prompt_and_output",
 ]

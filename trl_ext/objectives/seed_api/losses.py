@@ -140,6 +140,9 @@ SEED_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Metadata]]] = {
     "grpo_clip": _grpo_clip,
     "grpo_no_clip": _grpo_no_clip,
 }
+# How seeds 002 and 003 write two of them in prose ('use the "GRPO-Clip" loss type', 'a new loss type
+# "GRPO-No-Clip"'): accepted as `loss_type` for the same losses.
+SEED_LOSS_SPELLINGS: dict[str, str] = {"GRPO-Clip": "grpo_clip", "GRPO-No-Clip": "grpo_no_clip"}
 
 
 def compute_policy_gradient_loss(
@@ -156,7 +159,7 @@ def compute_policy_gradient_loss(
         policy_log_probs: `(B, T)` log-probs under the policy being trained.
         loss_type: `no_baseline` (uses `raw_rewards`), `reinforce_with_baseline` (uses `advantages`),
             `grpo_clip` (uses `advantages`, `old_log_probs`, `cliprange`) or `grpo_no_clip` (uses `advantages`,
-            `old_log_probs`).
+            `old_log_probs`); `"GRPO-Clip"` / `"GRPO-No-Clip"` (seeds 002/003's spellings) name the last two.
         raw_rewards: `(B, 1)` or `(B,)`.
         advantages: `(B, 1)` or `(B,)`.
         old_log_probs: `(B, T)`.
@@ -168,9 +171,13 @@ def compute_policy_gradient_loss(
     Raises:
         ValueError: unknown `loss_type`, or an argument it needs is None (the message names both).
     """
-    if loss_type not in SEED_LOSSES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; valid names: {', '.join(SEED_LOSSES)}")
-    return SEED_LOSSES[loss_type](policy_log_probs, raw_rewards, advantages, old_log_probs, cliprange)
+    name = SEED_LOSS_SPELLINGS.get(loss_type, loss_type)
+    if name not in SEED_LOSSES:
+        raise ValueError(
+            f"unknown loss_type {loss_type!r}; valid names: {', '.join(SEED_LOSSES)} (also "
+            f"{', '.join(SEED_LOSS_SPELLINGS)}, the seeds' spellings)"
+        )
+    return SEED_LOSSES[name](policy_log_probs, raw_rewards, advantages, old_log_probs, cliprange)
 
 
 def masked_mean_drgrpo(tensor: torch.Tensor, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
