@@ -160,7 +160,10 @@ def install_wheels(folder: Path) -> dict:
     wheels = sorted(str(w) for w in Path(folder).glob("*.whl"))
     if not wheels:
         raise SystemExit(f"--wheelhouse {folder}: no .whl files there (python benchmarks/gpu_check.py --wheels)")
-    site = tempfile.mkdtemp(prefix="gpu_check_site_")
+    # Named site-packages: dill (datasets' fingerprints) pickles a module's objects by reference only when its file
+    # is under sys.prefix or has "site-packages" in its path (dill._dill._is_builtin_module), by value otherwise; by
+    # value it can reach pyarrow types it cannot pickle (seen with pyarrow itself outside such a path).
+    site = str(Path(tempfile.mkdtemp(prefix="gpu_check_")) / "site-packages")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", site]
     subprocess.run([*pip, *wheels], check=True)
     sys.path.insert(0, site)
