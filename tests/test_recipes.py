@@ -564,9 +564,11 @@ def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
         assert {"nums", "target"} <= set(train.column_names)
     elif script_args.prompt == "r1_zero":
         assert prompt.endswith("Assistant: <think>") and "ground_truth" in train.column_names
-    elif script_args.prompt == "countdown":  # seed 001: its countdown.prompt as plain text, the problem filled in
+    elif script_args.prompt == "countdown":  # seed 001: its prompt as it prints it, the problem filled in
         row = pq.read_table(train_path).slice(0, 1).to_pylist()[0]
-        assert f"Using the numbers {list(row['nums'])}, create an equation that equals {row['target']}." in prompt
+        nums, target = list(row["nums"]), row["target"]
+        question = f"Using the numbers in the list {nums}, create an equation that equals {target}."
+        assert f"Problem\n{question}\nYou can use basic" in prompt
         assert prompt.rstrip().endswith("Let's think step by step.") and {"nums", "target"} <= set(train.column_names)
     else:  # question_only: the bare problem text
         import json
