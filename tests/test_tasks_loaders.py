@@ -55,10 +55,15 @@ def test_countdown_chat_and_seed001_prompts(countdown_dev):
     seed001 = load_task("countdown", path, prompt="countdown", limit=3)
     r1_zero = load_task("countdown", path, prompt="r1_zero", limit=3)
     for plain, r1, row in zip(seed001["prompt"], r1_zero["prompt"], rows, strict=False):
-        question = countdown_question(row["nums"], row["target"])
+        question = countdown_question(row["nums"], row["target"])  # TinyZero's, for r1_zero
         assert question.startswith(f"Using the numbers {row['nums']}, create an equation that equals {row['target']}.")
-        assert plain == PROMPTS["countdown"].replace("{question}", question)
         assert r1.endswith(f"User: {question}\nAssistant: <think>")
+        seed001_question = countdown_question(row["nums"], row["target"], prompt="countdown")  # seed 001's wording
+        assert seed001_question == (
+            f"Using the numbers in the list {row['nums']}, create an equation that equals {row['target']}.\nYou can "
+            "use basic arithmetic operations (+, -, *, /) and each number can only be used once."
+        )
+        assert plain == PROMPTS["countdown"].replace("{question}", seed001_question)
     compact = load_task("countdown", path, prompt="compact", limit=1)
     assert compact["prompt"] == [f"{rows[0]['nums']} -> {rows[0]['target']} :"]
 

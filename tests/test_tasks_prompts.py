@@ -2,28 +2,60 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, shared_path
 
-from trl_ext.tasks import CHAT_PROMPTS, PROMPTS, format_prompt, get_prompt
+from trl_ext.tasks import CHAT_PROMPTS, PROMPTS, countdown_prompt, format_prompt, get_prompt
 
 PROMPT_FILES = ("r1_zero", "question_only", "countdown", "intellect")
-SEED_PROMPT_SHA256 = {
-    "r1_zero": "56213732da87e12ace60a2b88a16df0af18280fb0563a957cbecc938a6a2ac0e",
-    "question_only": "bf085a6e12c9d0e23a9dd157df084f933b2ef021caba82def1494bfb84a723c9",
-    "countdown": "09283ead5be7f30437314bc174ae781e2043a8c7b21e2cbb21894bd9e77f9e05",
-    "intellect": "fb3574ef5303a1d0c204ab47f25f4c2f916b933525a9c77e1b2c7bb798dda300",
+# Seed 002 prints its R1-Zero prompt with two words that its own prompt file (data/r1_zero.prompt), CS336's and the
+# one shipped here do not have: "takes" for "asks", "them" for "then". The recipes use the file's wording.
+R1_ZERO_PRINTED_TO_SHIPPED = {
+    "The User takes a question": "The User asks a question",
+    "and them provides": "and then provides",
 }
 
 
+def seed_prompt(name: str) -> str:
+    """A prompt as a seed prints it, typed into tests/data/seed_prompts (its README says from where)."""
+    return shared_path("seed_prompts", name).read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("name", PROMPT_FILES)
-def test_shipped_prompts_are_the_seed_files_verbatim(name):
+def test_shipped_prompts_are_the_package_files(name):
     path = REPO_ROOT / "trl_ext" / "tasks" / "prompts" / f"{name}.prompt"
     assert PROMPTS[name] == path.read_text(encoding="utf-8")
-    # SHA-256 of the seed experiments' prompt files (as in ../shared/data/prompts): catches any edit of a shipped copy.
-    assert hashlib.sha256(PROMPTS[name].encode("utf-8")).hexdigest() == SEED_PROMPT_SHA256[name]
+
+
+def test_countdown_prompt_as_seed_001_prints_it():
+    """Section 5's prompt with its example problem: "in the list", and the question, the constraint and "Your
+    solution ..." each on a line of its own."""
+    assert countdown_prompt([96, 97, 68], 125, prompt="countdown") == seed_prompt("seed001_countdown.txt")
+    assert countdown_prompt([96, 97, 68], 125, prompt="countdown", chat=True) == [
+        {"role": "user", "content": seed_prompt("seed001_countdown.txt")}
+    ]
+
+
+def test_intellect_prompt_as_seed_001_prints_it():
+    assert PROMPTS["intellect"] == seed_prompt("seed001_intellect.txt")
+
+
+def test_r1_zero_is_seed_002s_printed_prompt_with_its_files_two_words():
+    printed = seed_prompt("seed002_r1_zero.txt")
+    shipped = printed
+    for seed_words, file_words in R1_ZERO_PRINTED_TO_SHIPPED.items():
+        assert printed.count(seed_words) == 1
+        shipped = shipped.replace(seed_words, file_words)
+    assert PROMPTS["r1_zero"] == shipped
+    # the two words are the only difference
+    assert [a for a, b in zip(printed.split(" "), PROMPTS["r1_zero"].split(" "), strict=True) if a != b] == [
+        "takes",
+        "them",
+    ]
+
+
+def test_question_only_as_seeds_002_and_003_print_it():
+    assert PROMPTS["question_only"] == seed_prompt("seed002_question_only.txt") == "{question}"
 
 
 def test_prompt_names_and_unknown_name_lists_them():
@@ -75,7 +107,12 @@ def test_intellect_is_a_system_prompt():
 
 def test_question_only_and_countdown_templates():
     assert format_prompt("question_only", question="2+2?") == "2+2?"
-    text = format_prompt("countdown", question="Using the numbers [1, 2], create an equation that equals 3.")
+    text = format_prompt(
+        "countdown", question="Using the numbers in the list [1, 2], create an equation that equals 3."
+    )
     assert text.startswith("Answer the following problem.")
-    assert "Problem\nUsing the numbers [1, 2], create an equation that equals 3. Your solution should" in text
+    assert (
+        "Problem\nUsing the numbers in the list [1, 2], create an equation that equals 3.\nYour solution should"
+        in text
+    )
     assert format_prompt("compact", numbers="[14, 1, 10]", target=5) == "[14, 1, 10] -> 5 :"

@@ -18,17 +18,26 @@ PROMPT_NAMES = ("tinyzero", "countdown", "r1_zero", "compact")
 DEFAULT_PROMPT = "tinyzero"
 COLUMNS = ["prompt", "nums", "target"]
 
-#: TinyZero's question sentence, used by the `tinyzero`, `countdown` and `r1_zero` prompts.
+#: TinyZero's question sentence, used by the `tinyzero` and `r1_zero` prompts.
 COUNTDOWN_QUESTION = (
     "Using the numbers {numbers}, create an equation that equals {target}. "
     "You can use basic arithmetic operations (+, -, *, /) and each number can only be used once."
 )
+#: Seed 001's question (section 5, as it prints its prompt), used by its `countdown` prompt: "in the list", and the
+#: constraint on a line of its own (the template puts "Your solution ..." on the next).
+SEED001_COUNTDOWN_QUESTION = (
+    "Using the numbers in the list {numbers}, create an equation that equals {target}.\n"
+    "You can use basic arithmetic operations (+, -, *, /) and each number can only be used once."
+)
 
 
-def countdown_question(nums: Sequence[int], target: int) -> str:
-    """TinyZero's question: `"Using the numbers [3, 5, 2], create an equation that equals 8. You can use ..."`."""
+def countdown_question(nums: Sequence[int], target: int, prompt: str = DEFAULT_PROMPT) -> str:
+    """The question for prompt `prompt`: seed 001's for `countdown` (`"Using the numbers in the list [3, 5, 2], create
+    an equation that equals 8.\nYou can use ..."`), TinyZero's for the others (`"Using the numbers [3, 5, 2], create
+    an equation that equals 8. You can use ..."`)."""
     numbers = str([int(x) for x in nums])  # numpy ints from parquet would print as np.int64(3)
-    return COUNTDOWN_QUESTION.replace("{numbers}", numbers).replace("{target}", str(int(target)))
+    template = SEED001_COUNTDOWN_QUESTION if prompt == "countdown" else COUNTDOWN_QUESTION
+    return template.replace("{numbers}", numbers).replace("{target}", str(int(target)))
 
 
 def compact_prompt(nums: Sequence[int], target: int) -> str:
@@ -44,13 +53,14 @@ def compact_completion(expression: str) -> str:
 def countdown_prompt(
     nums: Sequence[int], target: int, prompt: str = DEFAULT_PROMPT, chat: bool = False
 ) -> str | list[dict[str, str]]:
-    """The prompt for one problem: `compact` renders the numbers directly, the others TinyZero's question."""
+    """The prompt for one problem: `compact` renders the numbers directly, `countdown` seed 001's question, the others
+    TinyZero's question."""
     if prompt not in PROMPT_NAMES:
         raise ValueError(f"unknown Countdown prompt {prompt!r}; valid prompts: {', '.join(PROMPT_NAMES)}")
     if prompt == "compact":
         text = compact_prompt(nums, target)
         return [{"role": "user", "content": text}] if chat else text
-    return format_prompt(prompt, chat=chat, question=countdown_question(nums, target))
+    return format_prompt(prompt, chat=chat, question=countdown_question(nums, target, prompt))
 
 
 def countdown_key(nums: Iterable[int], target: int) -> tuple[tuple[int, ...], int]:
@@ -165,6 +175,7 @@ def load_countdown(
 
 __all__ = [
     "COUNTDOWN_QUESTION",
+    "SEED001_COUNTDOWN_QUESTION",
     "DEFAULT_HUB_ID",
     "PROMPT_NAMES",
     "RowError",
