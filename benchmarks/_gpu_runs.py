@@ -109,18 +109,22 @@ def training_estimate(task: str, parsed, argv: list[str], recipe: Path, name: st
     }
 
 
-def recipe_run(kind: str, recipe: Path, task: str, name: str, dtype: str, args, workdir: Path, **opts) -> dict:
-    """One trainer (`ours` / `stock`) on `recipe` with fixed completions (`opts`: steps, extra, all_at_limit)."""
+def recipe_run(
+    kind: str, recipe: Path, task: str, name: str, dtype: str, args, workdir: Path, steps: int, extra: list[str],
+    prompt_tokens: tuple[int, int] = PF_PROMPT_TOKENS, all_at_limit: bool = False,
+) -> dict:  # fmt: skip
+    """One trainer (`ours` / `stock`) on `recipe` (`steps`, `extra` flags) with fixed completions: prompts of
+    `prompt_tokens`, completions of bench_trainer's lengths within the recipe's limit (or all at it)."""
     from trl_ext.recipes import adapt_generation_kwargs, load_grpo_datasets
 
-    parsed, _ = recipe_args(recipe, task, name, str(workdir / f"{task}_{kind}"), args, opts["steps"], opts["extra"])
+    parsed, _ = recipe_args(recipe, task, name, str(workdir / f"{task}_{kind}"), args, steps, extra)
     script, config, model_args = parsed
     adapt_generation_kwargs(config)
     train, _ = load_grpo_datasets(task, script, config)
-    prompts = SMOKE_PROMPT_TOKENS if args.smoke else opts.get("prompt_tokens", PF_PROMPT_TOKENS)
-    completion = completions_within(config.max_completion_length, opts.get("all_at_limit", False))
+    prompts = SMOKE_PROMPT_TOKENS if args.smoke else prompt_tokens
+    completion = completions_within(config.max_completion_length, all_at_limit)
     rollouts = FixedRollouts(len(load_tokenizer()), prompt_tokens=prompts, completion=completion)
-    model = lambda: build_model(name, dtype, args.smoke, model_args.attn_implementation)  # noqa: E731
+    model = functools.partial(build_model, name, dtype, args.smoke, model_args.attn_implementation)
     return train_timed(kind, config, model, train, rollouts, args.deadline)
 
 

@@ -39,6 +39,7 @@ the parts of earlier calls (`--fresh` starts over). `--smoke` runs the same code
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -92,6 +93,21 @@ ADAMW = {"fp32_master": "adamw_fp32", "pure_bf16": "adamw_bf16"}
 PF_BATCHES = (8, 16)
 
 
+def _run_or_record(what: str, expected_s: float, args, run) -> dict:
+    """`run()`'s result, or why it did not run (the budget) or what it raised: one trainer run's out-of-memory error
+    or crash is a result, and the part's other runs go on."""
+    skipped = run_fits(args, expected_s, what)
+    if skipped:
+        print(skipped, flush=True)
+        return {"skipped": skipped}
+    try:
+        return run()
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"[:400]}
+    finally:
+        cleanup()
+
+
 def _order(mode: str) -> tuple[str, str]:
     return ("ours", "stock") if mode == "fp32_master" else ("stock", "ours")
 
@@ -116,10 +132,10 @@ def precision_run(mode: str, args, workdir: Path) -> dict:
     extra = ["--dtype", MODES[mode], "--rollout_batch_size", batch, "--train_batch_size", batch]
     runs: dict = {}
     for kind, plan in zip(_order(mode), precision_plan(mode, args).runs, strict=True):
-        skipped = run_fits(args, plan.seconds, f"{mode} {kind}")
-        runs[kind] = {"skipped": skipped} if skipped else recipe_run(
-            kind, SEED000, "countdown", QWEN3, MODES[mode], args, workdir, steps=args.steps, extra=extra
-        )  # fmt: skip
+        run = functools.partial(
+            recipe_run, kind, SEED000, "countdown", QWEN3, MODES[mode], args, workdir, steps=args.steps, extra=extra
+        )
+        runs[kind] = _run_or_record(f"{mode} {kind}", plan.seconds, args, run)
     parsed, argv = recipe_args(SEED000, "countdown", QWEN3, str(workdir), args, args.steps, extra)
     out = {**runs, **training_estimate("countdown", parsed, argv, SEED000, QWEN3, _gpu_gib())}
     ours, stock = runs["ours"], runs["stock"]
@@ -176,7 +192,7 @@ def padding_free_run(impl: str, batch: int, attention: str, args, output_dir: Pa
     )
     dataset = Dataset.from_dict({"prompt": [f"prompt {i}" for i in range(batch * (args.steps + 1))]})
     dtype = "float32" if args.smoke else "bfloat16"
-    model = lambda: build_model(QWEN3, dtype, args.smoke, attention)  # noqa: E731
+    model = functools.partial(build_model, QWEN3, dtype, args.smoke, attention)
     return train_timed("stock" if impl == "stock" else "ours_pf", config, model, dataset, rollouts, args.deadline)
 
 
@@ -192,15 +208,9 @@ def padding_free_part(args, workdir: Path) -> dict:
             runs = {}
             expected = {"stock": next(plans).seconds, "ours_pf": next(plans).seconds}
             for impl in ("stock", "ours_pf") if index % 2 == 0 else ("ours_pf", "stock"):
-                skipped = run_fits(args, expected[impl], f"padding_free {attention} batch {batch} {impl}")
-                try:
-                    runs[impl] = {"skipped": skipped} if skipped else padding_free_run(
-                        impl, batch, attention, args, workdir / f"pf_{impl}"
-                    )  # fmt: skip
-                except Exception as err:  # an out-of-memory stock run is a result too
-                    runs[impl] = {"error": f"{type(err).__name__}: {err}"[:400]}
-                finally:
-                    cleanup()
+                run = functools.partial(padding_free_run, impl, batch, attention, args, workdir / f"pf_{impl}")
+                what = f"padding_free {attention} batch {batch} {impl}"
+                runs[impl] = _run_or_record(what, expected[impl], args, run)
             ours, stock = runs["ours_pf"], runs["stock"]
             case = {**runs}
             if "median_step_s" in ours and "median_step_s" in stock:
