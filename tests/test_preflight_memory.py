@@ -64,7 +64,8 @@ def test_seed000_drgrpo_l256_by_hand():
     Log-prob head: fp32 head gradient V H 4 = 1,244,659,712 + 512 scored tokens x H x (4 + 4) = 8,388,608 + one
     512 x 32768 bf16 tile 33,554,432 = 1,286,602,752. Validation: 128 prompts x 522 tokens = 66,816 x
     (2 H 4 + 2 (2 q + 2 kv + 3 I)) = 66,816 x 65,536 = 4,378,853,376, plus 32,768 scored x H x 4 = 268,435,456 and
-    a 4096 x 32768 tile 268,435,456.
+    a 4096 x 32768 tile 268,435,456. bf16 autocast keeps a copy of each decoder linear weight through a forward
+    (train and validation): 2 x L x (2048 x (2048 + 1024 + 1024) + 2048 x 2048 + 3 x 2048 x 6144) = 2,818,572,288.
     """
     script, args, model = _parse("countdown/seed000_drgrpo_l256.yaml")
     recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
@@ -77,6 +78,7 @@ def test_seed000_drgrpo_l256_by_hand():
         "gradients": 4 * p,
         "activations": 491_765_760,
         "log-prob head": 1_286_602_752,
+        "autocast weight cache": 2_818_572_288,
     }
     assert phases["optimizer step"] == {
         "weights": 4 * p,
@@ -86,6 +88,7 @@ def test_seed000_drgrpo_l256_by_hand():
     }
     assert phases["generation"] == {"weights": 4 * p, "optimizer states": 8 * p}  # the server holds the generator
     assert phases["eval"]["validation forward"] == 4_378_853_376 + 268_435_456 + 268_435_456
+    assert phases["eval"]["autocast weight cache"] == 2_818_572_288
     assert report.estimate.peak_phase == "optimizer step"
     assert report.estimate.peak_bytes == 20 * p + RUNTIME_OVERHEAD_GIB * GIB  # 32.05 GiB + 1.5
     assert round(report.estimate.peak_gib, 2) == 33.55

@@ -173,7 +173,7 @@ def test_memory_refusal_lists_knobs_and_the_first_one_plans(tmp_path):
     assert knob == "--optim adamw_bnb_8bit"
     plan = _plan(single, recipe, *out, "--optim", "adamw_torch", *knob.split(), num_gpus=1, gpu_memory_gb=24)
     assert plan.report.estimate.peak_gib <= 24
-    assert "colocated vLLM 7.20" in plan.preflight  # 0.3 of the 24 GiB GPU
+    assert plan.report.estimate.phases["generation"]["colocated vLLM"] == 0.3 * 24 * (1 << 30)  # 0.3 of the GPU
 
 
 def test_busy_ports_are_replaced_by_free_ones(tmp_path):

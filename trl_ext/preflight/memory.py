@@ -1,23 +1,46 @@
 """Peak GPU memory of one training process, estimated from the model config, batch, lengths and precision (pure).
 
-A step of GRPO training goes through three phases; the estimate is the largest of them plus a fixed allowance
+A step of GRPO training goes through these phases; the estimate is the largest of them plus a fixed allowance
 for the CUDA context and allocator slack (`RUNTIME_OVERHEAD_GIB`):
 
-- train: weights + gradients + optimizer states + activations of one micro-batch + TRL's log-prob head
-  (+ DDP's gradient buckets; + the colocated vLLM share unless it sleeps); the optimizer step adds the foreach
-  temporaries of `torch.optim.AdamW` (one state-sized buffer; none for the fused or 8-bit optimizers).
+- train: weights + gradients + optimizer states + activations of one micro-batch + TRL's log-prob head + autocast's
+  weight cache (+ DDP's gradient buckets; + the colocated vLLM share, or its sleeping allowance); the optimizer step
+  adds the foreach temporaries of `torch.optim.AdamW` (one state-sized buffer; none for the fused or 8-bit
+  optimizers).
 - generation: weights + optimizer states (gradients are freed after the step) + the generator: nothing on the
   training GPU in server mode, the colocated vLLM share (`vllm_gpu_memory_utilization x GPU memory`), or the
   transformers KV cache of the process's whole rollout slice.
-- eval: the generation phase plus a no-grad forward of one validation batch.
+- reference (with a reference model): its no-grad forward of one micro-batch after each generation, with its
+  autocast cache, beside the colocated engine as it is while training.
+- eval: a no-grad forward of one validation batch with its autocast cache, beside the generator as it is after the
+  batch's generation (a colocated engine asleep in sleep mode; the transformers KV cache counted as still held).
 
-Bytes per parameter (P parameters, W processes; ZeRO after https://arxiv.org/abs/1910.02054, K = optimizer bytes):
+Bytes per parameter (P parameters, W processes; ZeRO after https://arxiv.org/abs/1910.02054):
 
     precision                     weights  gradients  optimizer (AdamW)
     fp32_master (fp32 + autocast)   4 P      4 P        8 P  (8-bit AdamW: 2 P + 6 E)
     pure_bf16 (bf16 everything)     2 P      2 P        4 P  (8-bit AdamW: 2 P + 6 E)
-    DeepSpeed ZeRO-2 (bf16)         2 P      2 P / W    (4 + K) P / W   (fp32 master copy + states, sharded)
-    DeepSpeed ZeRO-3 (bf16)         2 P / W  2 P / W    (4 + K) P / W   + two gathered layers and the embedding
+    DeepSpeed ZeRO-2 (bf16)         2 P      2 P / W    (4 + 8) P / W   (fp32 master copy + fp32 states, sharded)
+    DeepSpeed ZeRO-3 (bf16)         2 P / W  2 P / W    (4 + 8) P / W   + two gathered layers and the embedding
+
+DeepSpeed's bf16 optimizer keeps the master copy and AdamW's two moments in fp32 whatever the module's dtype: the
+ZeRO paper's K = 12 bytes per parameter (`(4 + K') P / W` with K' the fp32 states of the optimizer: 8 for AdamW,
+2 + 6 E / P for bitsandbytes' 8-bit AdamW).
+
+The reference model: with `beta != 0` and no LoRA, TRL 1.16's `GRPOTrainer.__init__` loads a second copy of the
+model with the policy's `model_init_kwargs` (its dtype: 4 P under fp32 master weights, 2 P in pure bf16); DeepSpeed
+prepares it at stage 0 unless ZeRO-3 (`trl.models.utils.prepare_deepspeed`), as a bf16 engine: 2 P, or 2 P / W
+under ZeRO-3. It stays in every phase and runs one no-grad forward per micro-batch after generation. With LoRA the
+reference is the base with the adapter disabled: no copy.
+
+Autocast's weight cache: `torch.autocast` keeps the bf16 cast of each fp32 leaf tensor that requires grad until
+the outermost autocast region exits (`cached_cast` in aten/src/ATen/autocast_mode.cpp; TRL wraps each log-prob
+forward in one region, `accelerator.autocast()`). Under fp32 master weights that is every decoder linear layer's
+weight and bias, 2 bytes each (2.62 GiB for Qwen3-1.7B), in the training forward and in the no-grad validation and
+reference forwards alike (no_grad does not change `requires_grad`); not the embedding (`F.embedding` is no autocast
+op), the norms (elementwise) or TRL's fused head (it casts its own slices). None in pure bf16 (nothing to cast) or
+under DeepSpeed (accelerate does not autocast; the weights are bf16); with LoRA only the fp32 adapters (the frozen
+base is cast anew at each use).
 
 8-bit AdamW from bitsandbytes keeps 32-bit states for the token embedding (E = V x H parameters, the tied LM head
 with it): the HF Trainer registers `optim_bits: 32` for every `nn.Embedding` when it builds a bitsandbytes 8-bit
@@ -29,6 +52,8 @@ values, 1.6% of the 8-bit states) and the 32-bit states it keeps for tensors und
 A colocated vLLM that sleeps (`vllm_enable_sleep_mode`, level 2 in TRL 1.16) frees its weights and KV cache but
 keeps what lives outside its sleep pools, chiefly the CUDA graphs it captured: `SLEEPING_VLLM_GIB` stays on the
 GPU while the trainer steps (an allowance, not a measurement; vLLM logs its "CUDA graph pool memory" at start).
+TRL's `VLLMGeneration.generate` puts it back to sleep right after `llm.generate`, so the reference and validation
+forwards run beside the allowance too.
 
 LoRA (`use_peft`) keeps the base weights frozen in their dtype; only the adapters, `r x (in + out)` per targeted
 linear layer, have fp32 weights, gradients and states.
@@ -218,27 +243,64 @@ def _phases(shape: ModelShape, setup: TrainingSetup) -> dict[str, dict[str, floa
     }
     if awake_while_training:
         train["colocated vLLM"] = awake_while_training
+    autocast = autocast_cache_bytes(shape, setup)
+    if autocast:
+        train["autocast weight cache"] = autocast
     step = {**resident, "gradients": grads, "optimizer step temporaries": temp}
     if awake_while_training:
         step["colocated vLLM"] = awake_while_training
     if asleep:
         train["sleeping vLLM"] = step["sleeping vLLM"] = asleep
+    vllm_beside_forward = {"sleeping vLLM": asleep} if asleep else {}
+    if awake_while_training:
+        vllm_beside_forward = {"colocated vLLM": awake_while_training}
     generation = {**resident, **_generator_bytes(shape, setup, setup.generation_batch, vllm_share)}
     phases = {"train": train, "optimizer step": step, "generation": generation}
+    if setup.reference_model:
+        # After each generation, TRL scores the rollout with the reference copy, one micro-batch at a time without
+        # gradients, beside the colocated engine (asleep when sleep mode is on).
+        reference = {**resident, **vllm_beside_forward}
+        reference["reference forward"] = _no_grad_forward_bytes(shape, setup, setup.micro_batch, residual)
+        if autocast:
+            reference["autocast weight cache"] = autocast  # the reference's weights are fp32 leaves too
+        phases["reference"] = reference
     if setup.eval_batch:
+        # TRL's prediction_step runs the loss forward on the whole validation batch without gradients (the
+        # reference's forward over the same batch, when there is one, comes before it and is the same size), after
+        # the batch's generation: beside a colocated engine as it is while training (asleep in sleep mode), beside
+        # the transformers KV cache of the batch (counted as if still held).
         eval_sequences = setup.eval_batch * setup.eval_generations
-        eval_tokens = eval_sequences * (setup.prompt_tokens + completion)
-        eval_scored = eval_sequences * completion
-        # TRL's prediction_step runs the loss forward on the whole batch without gradients: one layer's internals,
-        # the residual stream in and out, the scored hidden states and one head tile at a time.
-        forward = eval_tokens * _forward_bytes_per_token(shape, residual)
-        forward += eval_scored * shape.hidden_size * residual + _head_tile_bytes(shape, setup, eval_scored)
+        if setup.generator == "colocate":
+            beside = vllm_beside_forward
+        else:
+            beside = _generator_bytes(shape, setup, eval_sequences, vllm_share)
         phases["eval"] = {
             **resident,
-            **_generator_bytes(shape, setup, eval_sequences, vllm_share),
-            "validation forward": float(forward),
+            **beside,
+            "validation forward": _no_grad_forward_bytes(shape, setup, eval_sequences, residual),
         }
+        if autocast:
+            phases["eval"]["autocast weight cache"] = autocast
     return phases
+
+
+def _no_grad_forward_bytes(shape: ModelShape, setup: TrainingSetup, sequences: int, residual: int) -> float:
+    """A log-prob forward of `sequences` rows without gradients: one layer's internals and the residual stream in
+    and out per token, the scored hidden states, and one head tile at a time."""
+    completion = setup.row_completion_tokens
+    tokens, scored = sequences * (setup.prompt_tokens + completion), sequences * completion
+    forward = tokens * _forward_bytes_per_token(shape, residual)
+    return float(forward + scored * shape.hidden_size * residual + _head_tile_bytes(shape, setup, scored))
+
+
+def autocast_cache_bytes(shape: ModelShape, setup: TrainingSetup) -> float:
+    """bf16 copies autocast keeps of the fp32 weights that require grad, until the outermost autocast region (one
+    forward) exits: every decoder linear layer's weight and bias (module docstring); LoRA: the adapters only."""
+    if not setup.autocast_cache:
+        return 0.0
+    if setup.lora_rank is not None:
+        return 2.0 * shape.lora_params(setup.lora_rank)
+    return 2.0 * shape.num_layers * shape.layer_linear_params
 
 
 def _model_states(shape: ModelShape, setup: TrainingSetup) -> tuple[dict[str, float], float, float]:
@@ -257,8 +319,9 @@ def _model_states(shape: ModelShape, setup: TrainingSetup) -> tuple[dict[str, fl
     temp = float(trainable * foreach)
     buckets = 0.0
     if zero >= 1:
-        # DeepSpeed: bf16 weights, fp32 master copy + states sharded over W; ZeRO-2/3 shard the gradients too.
-        optimizer = (trainable * 4 + optimizer) / w
+        # DeepSpeed: bf16 weights; the fp32 master copy and the optimizer's states, in fp32 whatever the weights' dtype
+        # (AdamW: 4 + 8 bytes), sharded over W; ZeRO-2/3 shard the gradients too.
+        optimizer = (trainable * 4 + optimizer_states_bytes(shape, setup.optim, 4, setup.lora_rank)) / w
         temp = 0.0
         if zero >= 2:
             grads = trainable * 2 / w
@@ -270,6 +333,9 @@ def _model_states(shape: ModelShape, setup: TrainingSetup) -> tuple[dict[str, fl
     resident = {"weights": weights, "optimizer states": optimizer}
     if buckets:
         resident["ZeRO-3 gathered params" if zero == 3 else "DDP gradient buckets"] = buckets
+    if setup.reference_model:
+        # TRL loads the copy in the policy's dtype; DeepSpeed's engine casts it to bf16 and shards it under ZeRO-3.
+        resident["reference model"] = p * 2 / w if zero == 3 else float(p * setup.weight_bytes)
     return resident, grads, temp
 
 

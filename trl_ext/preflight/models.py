@@ -159,12 +159,16 @@ class ModelShape:
         }
 
     @property
+    def layer_linear_params(self) -> int:
+        """One decoder layer's seven linear layers, weights and q/k/v biases: what bf16 autocast casts."""
+        linear = sum(n_in * n_out for n_in, n_out in self.linear_shapes.values())
+        return linear + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
+
+    @property
     def layer_params(self) -> int:
         """One decoder layer: the seven linear layers, q/k/v biases, two RMSNorms, q/k norms."""
-        linear = sum(n_in * n_out for n_in, n_out in self.linear_shapes.values())
-        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        return linear + bias + norms
+        return self.layer_linear_params + norms
 
     @property
     def params(self) -> int:

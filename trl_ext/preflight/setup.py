@@ -57,6 +57,7 @@ class TrainingSetup:
         vllm_gpu_memory_utilization: colocated vLLM's share of this GPU.
         vllm_sleep: colocated vLLM sleeps (frees its weights and KV cache) while training.
         gpu_memory_gib: memory of one GPU (needed for the colocated share).
+        beta: the KL coefficient; not 0 (without LoRA): TRL 1.16 loads a full reference copy of the model.
     """
 
     precision: str = "fp32_master"
@@ -80,6 +81,19 @@ class TrainingSetup:
     expected_completion_tokens: int | None = None
     chunked_logprobs: bool = True
     logprob_token_chunk: int = LOGPROB_TOKEN_CHUNK
+    beta: float = 0.0
+
+    @property
+    def reference_model(self) -> bool:
+        """TRL 1.16 builds a reference copy when `beta != 0` and the policy is not a PEFT model (with LoRA the
+        reference is the base with the adapter disabled: `GRPOTrainer.__init__`, "Reference model")."""
+        return self.beta != 0.0 and self.lora_rank is None
+
+    @property
+    def autocast_cache(self) -> bool:
+        """Whether bf16 autocast caches weight casts: fp32 weights under accelerate's bf16 autocast (accelerate
+        leaves autocast off under DeepSpeed, whose module weights are bf16 anyway; pure bf16 casts nothing)."""
+        return self.precision == "fp32_master" and not self.zero_stage
 
     @property
     def weight_bytes(self) -> int:
@@ -154,4 +168,5 @@ def training_setup(
         gpu_memory_gib=context.gpu_memory_gib or context.memory_limit_gib,
         padding_free=bool(getattr(args, "padding_free", False)),
         expected_completion_tokens=getattr(script_args, "expected_completion_tokens", None),
+        beta=float(args.beta),
     )
