@@ -53,10 +53,8 @@ def recipe_value(recipe, key: str):
 
 def task_prompt_tokens(task: str) -> int:
     """The longest prompt of `task`'s shipped data, the one the preflight's estimate pads every row to."""
-    try:
-        from trl_ext.preflight.setup import PROMPT_TOKENS
-    except ImportError:  # the preflight before its setup module moved out of plan.py
-        from trl_ext.preflight.plan import PROMPT_TOKENS
+    from trl_ext.preflight.setup import PROMPT_TOKENS
+
     return PROMPT_TOKENS[task]
 
 

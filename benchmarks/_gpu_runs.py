@@ -90,9 +90,7 @@ def recipe_args(recipe: Path, task: str, model: str, output_dir: str, args, step
 def training_estimate(task: str, parsed, argv: list[str], recipe: Path, name: str, gpu_gib: float) -> dict:
     """The preflight's estimate of the same setup for the full-size model (the smoke run's tiny one is not
     compared): every phase, and the training phases' peak that a run on fixed completions can reach."""
-    from trl_ext.preflight import RunContext, load_model_shape, plan_batches
-    from trl_ext.preflight.memory import estimate_memory
-    from trl_ext.preflight.plan import training_setup
+    from trl_ext.preflight import RunContext, estimate_memory, load_model_shape, plan_batches, training_setup
     from trl_ext.recipes import stated_values
 
     layout = plan_batches(stated_values(recipe, argv), 1)
