@@ -95,7 +95,7 @@ def script_part(
         return out
 
     def expect(args) -> PartPlan:
-        return PartPlan(f"{script} {' '.join(script_args)}: a stated allowance", fixed_s=seconds)
+        return PartPlan(f"{' '.join([script, *script_args])}: a stated allowance", fixed_s=seconds)
 
     PARTS[name] = Part(name, run, expect, default)
     return PARTS[name]

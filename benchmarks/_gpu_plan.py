@@ -115,8 +115,9 @@ def training_run(
     return RunPlan(label, rows * row_tokens, flops_per_token(shape, row_tokens), steps, traffic)
 
 
-def plan_lines(plans: dict[str, PartPlan], budget_s: float) -> list[str]:
-    """The printed plan: the set-up, each part with its runs' derivation, the total against `budget_s`."""
+def plan_lines(plans: dict[str, PartPlan], budget_s: float | None) -> list[str]:
+    """The printed plan: the set-up, each part with its runs' derivation, the total against `budget_s` (None: a
+    listing of parts, not one run)."""
     lines = [
         "Expected seconds on one H100: ESTIMATES, not measurements (no GPU was available when they were written).",
         f"Assumed: {TRAIN_TFLOPS:.0f} TFLOP/s of useful bf16 training work, {MEMORY_TBPS} TB/s for the memory traffic "
@@ -128,5 +129,6 @@ def plan_lines(plans: dict[str, PartPlan], budget_s: float) -> list[str]:
         lines.append(f"  {name:<24}{plan.seconds:6.0f} s  {plan.note}")
         lines += [f"  {'':<32}{run.basis()}" for run in plan.runs]
     total = SETUP_S + sum(plan.seconds for plan in plans.values())
-    lines.append(f"  {'total':<24}{total:6.0f} s  of the {budget_s:.0f} s budget (--budget-s)")
+    budget = f"of the {budget_s:.0f} s budget (--budget-s)" if budget_s else "(every part: a listing, not one run)"
+    lines.append(f"  {'total':<24}{total:6.0f} s  {budget}")
     return lines

@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
     names = args.part or [name for name, p in PARTS.items() if p.default]
     plans = {name: PARTS[name].expect(args) for name in (sorted(PARTS) if args.list else names)}
     if args.plan or args.list:
-        print("\n".join(plan_lines(plans, args.budget_s)))
+        print("\n".join(plan_lines(plans, None if args.list else args.budget_s)))
         return {"setup_s": SETUP_S, "parts": {k: p.seconds for k, p in plans.items()}, "budget_s": args.budget_s}
     setup = {"wheels": install_wheels(Path(args.wheelhouse))} if args.wheelhouse else {}
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
