@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from trl_ext.discover.check import register as register_kissing_check
 from trl_ext.discover.cli import register as register_discover
 from trl_ext.launch.cli import register as register_launch
 from trl_ext.plotting import register as register_plot
@@ -28,6 +29,7 @@ register_eval(app)
 register_plot(app)
 register_launch(app)
 register_discover(app)
+register_kissing_check(app)
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
 `trl-ext discover` samples programs that define `points` from an OpenAI-compatible endpoint or a local transformers
 model, scores each with `trl_ext.rewards.kissing` (sandbox + exact verifier), keeps the best valid one (Best@N) and
 feeds the verifier's message back for the next round (iterative refinement). Modules: `backends` (HTTP / local
-model), `loop` (the rounds and the files), `report` (report.md), `cli` (the Typer command). Importing this package
-is light: torch and numpy load only when a backend or the verifier runs.
+model), `loop` (the rounds and the files), `report` (report.md), `cli` (the Typer command); `check` is
+`trl-ext kissing-check`, section 7.3's evaluator for an existing program. Importing this package is light: torch and
+numpy load only when a backend or the verifier runs.
 """
 
 from trl_ext.discover.backends import BackendError, OpenAIChatBackend, TransformersChatBackend
