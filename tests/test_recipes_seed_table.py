@@ -1,10 +1,13 @@
 """Every seed recipe against the seeds' stated values (`tests/data/seed_values.tsv`), so an edit cannot drift silently.
 
-Each recipe is parsed by the entry points' own parser (no model) and each stated value is read back from the
-resolved configs, in the seeds' vocabulary, by the small readers below: they read the fields TRL trains with
-(`generation_batch_size`, `num_generations`, `num_iterations`, the resolved advantage and loss), not the YAML, so the
-whole chain (YAML `base:` files -> parser -> AblationGRPOConfig -> TRL's fields) is checked. A value that differs
-from the seed is in the file with the recipe's value and the reason.
+Each recipe (GRPO, SFT and expert-iteration) is parsed by its entry point's own parser (no model) and each stated
+value is read back from the resolved configs, in the seeds' vocabulary, by the small readers below: they read the
+fields TRL trains with (`generation_batch_size`, `num_generations`, `num_iterations`, the resolved advantage and
+loss), not the YAML, so the whole chain (YAML `base:` files -> parser -> configs -> TRL's fields) is checked. The
+`prompt_text` rows compare the prompt a recipe renders with the seed's printed text (`tests/data/seed_prompts/`;
+Countdown with seed 001's example problem, the others with the `{question}` placeholder). A value that differs
+from the seed is in the file with the recipe's value and the reason; a value the seed does not state but the recipe
+chooses has `"not stated"` as the seed's value, the recipe's value and where it comes from.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from conftest import shared_path
 
 from trl_ext.launch import plan_launch
 from trl_ext.launch.configs import read_recipe_serving
-from trl_ext.recipes import load_recipe_yaml_with_sources, parse_recipe_args
+from trl_ext.recipes import load_recipe_yaml_with_sources, parse_ei_args, parse_recipe_args
+from trl_ext.tasks import PROMPTS, countdown_prompt, format_prompt
 from trl_ext.tasks.math import TEST_HUB_ID as MATH_TEST_HUB_ID
 from trl_ext.tasks.splits import DEFAULT_SOURCES
 
@@ -28,6 +32,8 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 CONFIGS = RECIPES.parent / "accelerate_configs"
 TABLE = shared_path("seed_values.tsv")
 DEFAULTS = RECIPES / "grpo_defaults.yaml"
+EI_DEFAULTS = RECIPES / "expert_iteration" / "defaults.yaml"
+SFT_BASE = RECIPES / "sft" / "base.yaml"
 SEED_LOSSES = {
     "raw": "no_baseline",
     "group_mean": "reinforce_with_baseline",
@@ -47,6 +53,13 @@ def _eval_data(task, script, args, model):
     if script.dataset_source is not None:
         return script.dataset_source
     return MATH_TEST_HUB_ID if task == "math" and script.eval_split != "train" else DEFAULT_SOURCES[task][0]
+
+
+def _prompt_text(task, script, args, model):
+    """The recipe's rendered prompt: Countdown on seed 001's example problem, the others with `{question}`."""
+    if task == "countdown":
+        return countdown_prompt([96, 97, 68], 125, prompt=script.prompt, chat=script.chat_template)
+    return format_prompt(script.prompt, chat=script.chat_template, question="{question}")
 
 
 # key -> reader of (task, script args, training args, model args), in the seeds' vocabulary; one process (W = 1).
@@ -88,7 +101,31 @@ READ = {
     "use_vllm": lambda t, s, a, m: a.use_vllm,
     "dtype": lambda t, s, a, m: m.dtype,
     "gradient_checkpointing": lambda t, s, a, m: a.gradient_checkpointing,
+    "prompt_text": _prompt_text,
+    "enable_thinking": lambda t, s, a, m: (a.chat_template_kwargs or {}).get("enable_thinking"),
 }
+# Expert iteration (recipes/expert_iteration.py): the GRPO readers that apply, and the EI step's own fields.
+READ_EI = {
+    **{k: READ[k] for k in ("model", "train_data", "validation_examples_min", "prompt", "reward", "stop")},
+    **{k: READ[k] for k in ("temperature", "top_p", "min_tokens", "max_tokens", "group_size", "learning_rate")},
+    **{k: READ[k] for k in ("max_grad_norm", "use_vllm", "dtype", "prompt_text")},
+    "n_ei_steps": lambda t, s, a, m: a.n_ei_steps,
+    "questions_per_step": lambda t, s, a, m: a.questions_per_step,
+    "sft_epochs": lambda t, s, a, m: a.sft_epochs,
+    "keep_min_reward": lambda t, s, a, m: a.keep_min_reward,
+}
+# SFT (recipes/sft.py, seed 001 section 4): the training run and its validation accuracy's generation.
+READ_SFT = {
+    "model": lambda t, s, a, m: m.model_name_or_path,
+    "sft_examples": lambda t, s, a, m: s.limit,
+    "max_grad_norm": lambda t, s, a, m: a.max_grad_norm,
+    "dtype": lambda t, s, a, m: m.dtype,
+    "validation_temperature": lambda t, s, a, m: s.accuracy_temperature,
+    "validation_max_tokens": lambda t, s, a, m: s.accuracy_max_tokens,
+    "prompt": lambda t, s, a, m: s.accuracy_prompt,
+    "prompt_text": lambda t, s, a, m: PROMPTS[s.accuracy_prompt],
+}
+READERS = {"grpo": READ, "ei": READ_EI, "sft": READ_SFT}
 
 
 def _rows() -> list[dict]:
@@ -103,20 +140,29 @@ def _matches(recipe: str, patterns: str) -> bool:
     return any(fnmatch.fnmatch(recipe, g) for g in wanted) and not any(fnmatch.fnmatch(recipe, g) for g in unwanted)
 
 
+def _kind(recipe: str) -> str:
+    """`grpo`, `ei` or `sft`: the entry point a recipe runs with, from the root of its `base:` chain."""
+    sources = set(load_recipe_yaml_with_sources(RECIPES / recipe)[1].values())
+    roots = {"grpo": DEFAULTS, "ei": EI_DEFAULTS, "sft": SFT_BASE}
+    kinds = [kind for kind, root in roots.items() if root.resolve() in sources]
+    assert len(kinds) == 1, (recipe, kinds)
+    return kinds[0]
+
+
 def _seed_recipes() -> list[str]:
-    """The GRPO recipes of the seeds' folders (their `base:` chain reaches grpo_defaults.yaml), seed 000/001's
-    Countdown files included; the Countdown ablations of other seeds on Qwen3-1.7B are not a seed's own run."""
-    found = []
-    for path in sorted(
-        [*RECIPES.glob("gsm8k/*.yaml"), *RECIPES.glob("math/*.yaml"), *RECIPES.glob("countdown/seed*")]
-    ):
-        if DEFAULTS.resolve() in set(load_recipe_yaml_with_sources(path)[1].values()):
-            found.append(path.relative_to(RECIPES).as_posix())
-    return found
+    """The recipes of the seeds' folders: GRPO (their `base:` chain reaches grpo_defaults.yaml) and expert iteration
+    in gsm8k/ and math/, seed 000/001's Countdown files, and seed 001's SFT sweep in sft/; the Countdown ablations of
+    other seeds on Qwen3-1.7B are not a seed's own run."""
+    paths = [*RECIPES.glob("gsm8k/*.yaml"), *RECIPES.glob("math/*.yaml"), *RECIPES.glob("countdown/seed*")]
+    return sorted(
+        [p.relative_to(RECIPES).as_posix() for p in paths if p.name != "base.yaml"]
+        + [p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("sft/*.yaml")]
+    )
 
 
 ROWS = _rows()
 SEED_RECIPES = _seed_recipes()
+KIND = {recipe: _kind(recipe) for recipe in SEED_RECIPES}
 
 
 def _expected(recipe: str) -> dict[str, dict]:
@@ -137,20 +183,54 @@ def _same(value, expected) -> bool:
 
 @cache
 def _parsed(recipe: str):
-    task = recipe.split("/")[0]
-    return (task, *parse_recipe_args(task, ["--config", str(RECIPES / recipe), "--use_cpu", "true"]))
+    argv = ["--config", str(RECIPES / recipe), "--use_cpu", "true"]
+    if KIND[recipe] == "ei":
+        script = parse_ei_args(argv)
+        return (script[0].task, *script)
+    task = "sft" if KIND[recipe] == "sft" else recipe.split("/")[0]
+    return (task, *parse_recipe_args(task, argv))
+
+
+def _seed_text(row: dict) -> str:
+    """The seed's printed prompt (a file of tests/data/seed_prompts), with the recipe's stated word changes applied."""
+    text = shared_path("seed_prompts", json.loads(row["seed_value"])).read_text(encoding="utf-8")
+    for seed_words, recipe_words in (json.loads(row["recipe_value"]) if row["recipe_value"] else {}).items():
+        assert text.count(seed_words) == 1, (row["section"], seed_words)
+        text = text.replace(seed_words, recipe_words)
+    return text
 
 
 def test_the_table_is_well_formed_and_every_row_applies():
-    assert len(ROWS) >= 150 and len(SEED_RECIPES) >= 60
+    assert len(ROWS) >= 200 and len(SEED_RECIPES) >= 70
+    assert {KIND[r] for r in SEED_RECIPES} == {"grpo", "ei", "sft"}
     for i, row in enumerate(ROWS, start=2):
         assert row["seed"] in {"000", "001", "002", "003", "004"} and row["section"], i
-        assert row["key"] in READ, (i, row["key"])
         json.loads(row["seed_value"])
         if row["recipe_value"]:
             json.loads(row["recipe_value"])
             assert row["reason"], f"row {i}: a value that differs from the seed says why"
-        assert any(_matches(r, row["recipes"]) for r in SEED_RECIPES), f"row {i} matches no recipe: {row['recipes']}"
+        if json.loads(row["seed_value"]) == "not stated":
+            assert row["recipe_value"] and row["reason"], f"row {i}: a chosen value says what it is and why"
+        matched = [r for r in SEED_RECIPES if _matches(r, row["recipes"])]
+        assert matched, f"row {i} matches no recipe: {row['recipes']}"
+        unread = [r for r in matched if row["key"] not in READERS[KIND[r]]]
+        assert unread == [], f"row {i}: no {row['key']!r} reader for {unread}"
+        if row["key"] == "prompt_text":
+            _seed_text(row)
+
+
+def test_seed004_lists_every_value_it_chooses_where_the_report_is_silent():
+    """Seed 004 is a student's report: what it does not state, the recipe inherits. Each such value (a "not stated"
+    row) is named, as `key value`, in the recipe's list of chosen values, so none is inherited silently."""
+    recipe = "gsm8k/seed004.yaml"
+    header = " ".join(
+        line.lstrip("# ") for line in (RECIPES / recipe).read_text().splitlines() if line.startswith("#")
+    )
+    chosen = {k: r for k, r in _expected(recipe).items() if json.loads(r["seed_value"]) == "not stated"}
+    assert {"kl_beta", "length_normalization", "top_p", "min_tokens", "advantage_eps"} <= set(chosen)
+    for key, row in chosen.items():
+        value = json.loads(row["recipe_value"])
+        assert f"{key} {value if isinstance(value, str) else json.dumps(value)}" in header, key
 
 
 def test_every_seed_recipe_states_its_seeds_model():
@@ -162,10 +242,12 @@ def test_recipe_matches_the_seeds_stated_values(recipe):
     task, script, args, model = _parsed(recipe)
     wrong = {}
     for key, row in _expected(recipe).items():
-        value = READ[key](task, script, args, model)
+        value = READERS[KIND[recipe]][key](task, script, args, model)
         stated = json.loads(row["seed_value"])
         expected = json.loads(row["recipe_value"]) if row["recipe_value"] else stated
-        if key.endswith("_min"):
+        if key == "prompt_text":
+            ok = value == _seed_text(row)
+        elif key.endswith("_min"):
             ok = value >= stated and (not row["recipe_value"] or value == expected)
         elif key.endswith("_max"):
             ok = value <= stated and (not row["recipe_value"] or value == expected)

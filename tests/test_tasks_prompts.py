@@ -55,7 +55,7 @@ def test_r1_zero_is_seed_002s_printed_prompt_with_its_files_two_words():
 
 
 def test_question_only_as_seeds_002_and_003_print_it():
-    assert PROMPTS["question_only"] == seed_prompt("seed002_question_only.txt") == "{question}"
+    assert PROMPTS["question_only"] == seed_prompt("question_only.txt") == "{question}"
 
 
 def test_prompt_names_and_unknown_name_lists_them():
