@@ -9,7 +9,13 @@ checked in tests/test_vllm_colocate.py.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import threading
+
 import pytest
+from conftest import shared_path
 from test_trainer_helpers import COMMON, group_inputs, one_torch_thread, prompt_dataset, tiny_model  # noqa: F401
 
 from trl_ext.grpo.finished import finished_completions, stop_strings
@@ -97,3 +103,108 @@ def test_stop_string_completions_are_finished_in_metrics_and_masks(char_tokenize
     kept = [n if (not mask_truncated or end != "cut") else 0 for n, (_, end) in zip(lengths, COMPLETIONS, strict=True)]
     assert batch["completion_mask"].sum(dim=1).tolist() == kept
     assert batch["num_items_in_batch"].item() == sum(kept)
+
+
+@contextlib.contextmanager
+def _replay_server(exchanges: list[dict]):
+    """A local HTTP server that answers as the recorded `trl vllm-serve` did: `/health`, `/v1/models`, and each
+    recorded `/v1/completions` body with the server's recorded answer; any other body gets a 400 naming the fields
+    that differ (TRL's client then raises), so the replay only answers what TRL really sends."""
+    models = {"object": "list", "data": [{"id": exchanges[0]["request"]["model"], "object": "model"}]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self._send(200, models if self.path == "/v1/models" else {})
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            for exchange in exchanges:
+                if self.path == "/v1/completions" and body == exchange["request"]:
+                    return self._send(200, exchange["response"])
+            first = exchanges[0]["request"]
+            diff = sorted(k for k in {*body, *first} if body.get(k) != first.get(k))
+            return self._send(400, {"error": f"not a recorded request: {self.path}, fields {diff}"})
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_answers_finish_reasons_in_the_order_trl_returns_completions(char_tokenizer):
+    """Real `/v1/completions` answers of `trl vllm-serve` on vLLM's CPU build (tests/data/vllm, recorded by
+    tests/scripts/record_vllm_completions.py: 6 prompts x n=4, sampled) replayed to TRL's own `VLLMClient.generate`
+    with the request `VLLMGeneration` sends in server mode: the recorder keeps each choice's `finish_reason` and
+    `stop_reason` beside the completion TRL parsed from the same choice (prompt-major, as TRL reads them). With the
+    tags special and `skip_special_tokens: false`, vLLM stopped completions at a tag that the token-tail rule decodes
+    away: vLLM's word calls them finished, the tail truncated. Catches reasons lost, misordered or misread."""
+    from trl.generation.vllm_client import VLLMClient
+
+    from trl_ext.grpo.finish_reasons import FinishReasons, ReasonRecorder
+    from trl_ext.tiny import TAG_TOKENS, build_char_tokenizer
+
+    record = json.loads(shared_path("vllm", "completions_cpu.json").read_text())
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": TAG_TOKENS})  # as the recorded server's
+    trl_fields = ("n", "repetition_penalty", "temperature", "top_p", "top_k", "min_p", "max_tokens", "logprobs")
+    with _replay_server(record["exchanges"]) as url:
+        client = VLLMClient(base_url=url)
+        recorder = ReasonRecorder()
+        recorder.watch_client(client)
+        for exchange in record["exchanges"]:
+            request, choices = exchange["request"], exchange["response"]["choices"]
+            kwargs = {k: v for k, v in request.items() if k not in (*trl_fields, "model", "prompt")}
+            kwargs = {k: v for k, v in kwargs.items() if not k.startswith("return_")}
+            out = client.generate(request["prompt"], **{k: request[k] for k in trl_fields}, generation_kwargs=kwargs)
+            assert len(out["completion_ids"]) == len(choices) == 6 * 4
+            for i, (ids, (reason, stop)) in enumerate(zip(out["completion_ids"], recorder.records, strict=True)):
+                choice = choices[i]  # the n=4 choices of each prompt in turn (prompt-major)
+                assert choice["index"] == i and choice["prompt_token_ids"] == request["prompt"][i // 4]
+                assert ids == choice["token_ids"]
+                assert (reason, stop) == (choice["finish_reason"], choice["stop_reason"])
+            reasons = FinishReasons(out["completion_ids"], *map(list, zip(*recorder.records, strict=True)))
+            assert reasons.finished() == [c["finish_reason"] == "stop" for c in choices]
+            assert {"stop", "length"} == {c["finish_reason"] for c in choices}
+            if exchange["case"] == "special_stop":
+                decode = lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+                eos_and_pad = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+                tail = finished_completions(out["completion_ids"], eos_and_pad, decode, request["stop"])
+                at_tag = [i for i, c in enumerate(choices) if c["stop_reason"] in TAG_TOKENS]
+                assert len(at_tag) >= 4 and all(reasons.finished()[i] and not tail[i] for i in at_tag)
+
+
+def test_finish_reasons_are_used_only_for_the_completions_they_came_with():
+    """`vllm_finish_reasons` hands the record over only for exactly the ids it was recorded with (TRL's tool loop and
+    a rollout_func return other ids: then the tail rule decides), and `share` cuts a process's slice as TRL does
+    (`process_index * n_local`, server mode; the TP rank, colocate)."""
+    from types import SimpleNamespace
+
+    from trl_ext.grpo.finish_reasons import FinishReasons, share, vllm_finish_reasons
+
+    record = FinishReasons([[1, 2], [3]], ["stop", "length"], ["x", None])
+    generation = SimpleNamespace(finish_reasons=record)
+    assert vllm_finish_reasons(generation, [[1, 2], [3]]) is record
+    assert vllm_finish_reasons(generation, [(1, 2), (3,)]) is record  # vLLM's own sequences, not lists
+    assert vllm_finish_reasons(generation, [[1, 2], [3, 9]]) is None  # a tool turn appended tokens
+    assert vllm_finish_reasons(generation, [[1, 2]]) is None
+    assert vllm_finish_reasons(SimpleNamespace(finish_reasons=None), [[1, 2], [3]]) is None
+    assert vllm_finish_reasons(None, [[1, 2], [3]]) is None  # the transformers backend
+    assert record.finished() == [True, False]
+    everyone = list("abcdef")  # 3 processes x 2 completions
+    assert [share(everyone, 2, i) for i in range(3)] == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert share(everyone, 2, 3) is None and share(None, 2, 0) is None

@@ -71,6 +71,40 @@ def share(records: list | None, n_local: int, index: int) -> list | None:
     return records[index * n_local : (index + 1) * n_local]
 
 
+class ReasonRecorder:
+    """Keeps the `(finish_reason, stop_reason)` of each completion of the last answer a watched client or engine gave.
+
+    Attributes:
+        records: the last answer's pairs, in the order TRL reads that answer's completions; None before any.
+    """
+
+    def __init__(self):
+        self.records: list[tuple[str | None, str | int | None]] | None = None
+
+    def watch_client(self, client) -> None:
+        """Wrap `client._post` (a `trl.generation.vllm_client.VLLMClient`): records each `/v1/completions` answer."""
+        post = client._post
+
+        def _post(this, url, **kwargs):
+            answer = post(url, **kwargs)
+            if url.endswith(COMPLETIONS_ENDPOINT):
+                self.records = choice_reasons(answer["choices"])
+            return answer
+
+        client._post = types.MethodType(_post, client)
+
+    def watch_engine(self, llm) -> None:
+        """Wrap `llm.generate` (a `vllm.LLM`): each call's outputs are recorded."""
+        generate = llm.generate
+
+        def _generate(this, *args, **kwargs):
+            outputs = generate(*args, **kwargs)
+            self.records = output_reasons(outputs)
+            return outputs
+
+        llm.generate = types.MethodType(_generate, llm)
+
+
 def install_finish_reasons(generation) -> bool:
     """Record vLLM's finish reasons of every `generation.generate` call (module docstring) in
     `generation.finish_reasons` (a `FinishReasons`, or None when nothing was recorded).
@@ -83,36 +117,19 @@ def install_finish_reasons(generation) -> bool:
     """
     if getattr(generation, "_finish_reasons_installed", False):
         return False
-    pending: dict[str, list | None] = {"records": None}
-    client = getattr(generation, "vllm_client", None)  # server mode, main process only
-    if client is not None:
-        post = client._post
-
-        def _post(self, url, **kwargs):
-            answer = post(url, **kwargs)
-            if url.endswith(COMPLETIONS_ENDPOINT):
-                pending["records"] = choice_reasons(answer["choices"])
-            return answer
-
-        client._post = types.MethodType(_post, client)
-    llm = getattr(generation, "llm", None)  # colocate mode
-    if llm is not None:
-        llm_generate = llm.generate
-
-        def _llm_generate(self, *args, **kwargs):
-            outputs = llm_generate(*args, **kwargs)
-            pending["records"] = output_reasons(outputs)
-            return outputs
-
-        llm.generate = types.MethodType(_llm_generate, llm)
+    recorder = ReasonRecorder()
+    if getattr(generation, "vllm_client", None) is not None:  # server mode, main process only
+        recorder.watch_client(generation.vllm_client)
+    if getattr(generation, "llm", None) is not None:  # colocate mode
+        recorder.watch_engine(generation.llm)
     trl_generate = generation.generate
 
     def _generate(self, *args, **kwargs):
-        pending["records"] = None
+        recorder.records = None
         result = trl_generate(*args, **kwargs)
         completion_ids = result[1]
-        records, index = pending["records"], 0
-        pending["records"] = None
+        records, index = recorder.records, 0
+        recorder.records = None
         if self.mode == "server":
             # Only the main process asked the server; TRL broadcasts the completions and each process takes its slice.
             if self.accelerator.num_processes > 1:
