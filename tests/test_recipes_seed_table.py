@@ -233,6 +233,17 @@ def test_seed004_lists_every_value_it_chooses_where_the_report_is_silent():
         assert f"{key} {value if isinstance(value, str) else json.dumps(value)}" in header, key
 
 
+def test_the_recipes_page_names_every_entry_point():
+    """docs/recipes.md's count and list of entry points is the `recipes/*.py` there are."""
+    import re
+
+    numbers = {"four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+    page = (RECIPES.parent / "docs" / "recipes.md").read_text()
+    count, listed = re.search(r"(\w+) thin entry points \(([^)]*)\)", page).groups()
+    names = {name.removeprefix("recipes/") for name in re.findall(r"`([\w/]+\.py)`", listed)}
+    assert names == {p.name for p in RECIPES.glob("*.py")} and numbers[count.lower()] == len(names)
+
+
 def test_every_seed_recipe_states_its_seeds_model():
     assert {r for r in SEED_RECIPES if "model" not in _expected(r)} == set()
 
