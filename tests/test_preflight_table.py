@@ -68,12 +68,12 @@ def test_every_config_x_recipe_plans(tmp_path, seed001_files):
         assert row.per_device * row.ga * row.processes == train_batch, row
         assert 0 < row.peak_gib <= H100_GIB, row
     multi = {r.num_gpus: r for r in rows if r.config == "multi_gpu.yaml" and r.recipe == "countdown/base.yaml"}
-    assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga, multi[8].tp) == ("0,1,2,3", "4,5,6,7", 32, 4)
+    assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga, multi[8].tp) == ("0,1,2,3", "4", 32, 1)
     single = [r for r in rows if r.config == "single_gpu.yaml" and not r.server_gpus]
     # the recipes that need no server GPU: seed 004's (transformers generation) and its colocated 24 GB variant
     assert [r.recipe for r in single] == ["gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml"]
     zero2 = [r for r in rows if r.config == "zero2.yaml" and r.recipe == "countdown/base.yaml"]
-    assert [(r.num_gpus, r.processes, r.train_gpus, r.server_gpus, r.ga) for r in zero2] == [(4, 2, "0,1", "2,3", 64)]
+    assert [(r.num_gpus, r.processes, r.train_gpus, r.server_gpus, r.ga) for r in zero2] == [(4, 2, "0,1", "2", 64)]
 
 
 # Tensor parallel sizes that shard each shipped model, by hand: TP must divide the attention heads and the MLP
@@ -103,7 +103,8 @@ def test_every_shipped_model_has_a_shape_and_its_tensor_parallel_sizes():
 def test_model_table_tp_dp_at_4_to_12_gpus(tmp_path, seed001_files):
     """Issue #23 item 1: 12 GPUs with vllm_server_gpu0_train_gpu1.yaml gave Qwen2.5-Math-1.5B (12 heads) a server at
     tensor parallel 8, which vLLM refuses. Every shipped model at every layout (1 to 12 GPUs, 4 with
-    `--num-processes 2`) now gets the largest TP of `SHARDING_TP` that fits its free GPUs, data parallel 1."""
+    `--num-processes 2`) now gets a TP of `SHARDING_TP` that fits its free GPUs, data parallel 1: by issue #32 item 7's
+    rule (the smallest with at most 4 B parameters per GPU) TP 1 for every shipped model (0.6-1.7 B)."""
     rows = [
         plan_row(c, r, n, H100_GIB, tmp_path, num_processes=p)[0]
         for c, r, n, p in pairs(recipes=model_recipes().values())
@@ -116,14 +117,14 @@ def test_model_table_tp_dp_at_4_to_12_gpus(tmp_path, seed001_files):
             assert row.recipe in ("gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml") and row.tp == 0, row
             continue
         free = row.num_gpus - (0 if row.train_gpus == "CPU" else row.processes)
-        assert row.tp == max(t for t in SHARDING_TP[row.model] if t <= free) and row.dp == 1, row
+        assert free >= 1 and row.tp == 1 == min(SHARDING_TP[row.model]) and row.dp == 1, row
         assert len(row.server_gpus.split(",")) == row.tp and 0 < row.peak_gib <= H100_GIB, row
     by_key = {(r.config, r.model, r.num_gpus): r for r in rows}
     math12 = by_key["vllm_server_gpu0_train_gpu1.yaml", "Qwen/Qwen2.5-Math-1.5B", 12]
-    assert (math12.train_gpus, math12.server_gpus, math12.tp) == ("1", "0,2,3,4", 4)  # was tp 8
-    assert by_key["vllm_server_gpu0_train_gpu1.yaml", "Qwen/Qwen3-1.7B", 12].tp == 8
+    assert (math12.train_gpus, math12.server_gpus, math12.tp) == ("1", "0", 1)  # was tp 8, then 4
+    assert by_key["vllm_server_gpu0_train_gpu1.yaml", "Qwen/Qwen3-1.7B", 12].tp == 1  # was 8
     four = by_key["multi_gpu.yaml", "Qwen/Qwen3-1.7B", 4]  # item 9: a 4-GPU node, --num-processes 2
-    assert (four.processes, four.train_gpus, four.server_gpus, four.tp, four.ga) == (2, "0,1", "2,3", 2, 64)
+    assert (four.processes, four.train_gpus, four.server_gpus, four.tp, four.ga) == (2, "0,1", "2", 1, 64)
 
 
 def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
@@ -135,7 +136,7 @@ def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
         _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4)
     plan = _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4, num_processes=2)
     assert plan.trainer.argv[4:6] == ("--num_processes", "2") and plan.report.layout.world_size == 2
-    assert (plan.train_gpus, plan.server_gpus, plan.tp) == (("0", "1"), ("2", "3"), 2)
+    assert (plan.train_gpus, plan.server_gpus, plan.tp) == (("0", "1"), ("2",), 1)  # TP 1 by the rule: GPU 3 idle
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):

@@ -38,6 +38,7 @@ from trl_ext.launch.planning import (
     trainer_command,
     url_host,
 )
+from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 
 DEFAULT_LOG_DIR = "runs/launch"
@@ -131,6 +132,8 @@ def plan_launch(
         else:
             shape, _ = load_model_shape(serving.model)
             server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp, shape)
+            if vllm_tp is None:  # why this size (trl_ext.launch.tensor_parallel)
+                notes.append(f"vLLM server {tensor_parallel_note(shape, tp, len(free))}")
             if shape is None:
                 notes.append(f"{serving.model}: no config found, so tp {tp} is not checked against its heads")
         port, port_flags = serving_ports(serving, pick=recipe_script_task(recipe) is not None)

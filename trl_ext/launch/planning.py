@@ -5,12 +5,10 @@ Nothing here starts the server or the trainer or checks the recipe (`trl_ext.lau
 module planned; `trl_ext.launch.launcher.plan_launch` calls one, then the other). The outside calls are
 `nvidia-smi -L` (GPU count, only when neither `--num-gpus` nor `CUDA_VISIBLE_DEVICES` says) and port binds.
 
-Tensor parallelism shards the attention heads, the KV heads and the MLP over the TP ranks, and vLLM refuses a size
-that does not divide them (`vllm/config/model.py` `verify_with_parallel_config`: "Total number of attention heads
-... must be divisible by tensor parallel size"; `QKVParallelLinear` divides the KV heads by TP or TP by the KV heads;
-the column-parallel MLP divides `intermediate_size` by TP). Data parallelism above 1 is refused for dense models:
-TRL 1.16's `trl vllm-serve` documents that it "will error out" for them (`trl/scripts/vllm_serve.py`,
-`ScriptArguments.data_parallel_size`, citing vLLM PR #30739).
+The server's tensor parallelism (which sizes vLLM accepts for a model, which one the plan picks and why) is
+`trl_ext.launch.tensor_parallel`. Data parallelism above 1 is refused for dense models: TRL 1.16's `trl vllm-serve`
+documents that it "will error out" for them (`trl/scripts/vllm_serve.py`, `ScriptArguments.data_parallel_size`,
+citing vLLM PR #30739).
 """
 
 from __future__ import annotations
@@ -25,6 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.launch.configs import TRL_DEFAULT_PORT, AccelerateSetup, LaunchError, RecipeServing
+from trl_ext.launch.tensor_parallel import (
+    choose_tensor_parallel,
+    padded_vocab,
+    tensor_parallel_ok,
+    tensor_parallel_sizes,
+)
 from trl_ext.preflight.context import PCI_BUS_ID
 from trl_ext.preflight.environment import choose_port, pick_free_port
 from trl_ext.preflight.models import ModelShape
@@ -135,28 +139,12 @@ def split_gpus(setup: AccelerateSetup, available: Sequence[str], source: str = "
     return train, [gpu for gpu in available if gpu not in train]
 
 
-def tensor_parallel_ok(shape: ModelShape, tp: int) -> bool:
-    """Whether vLLM can shard `shape` over `tp` ranks: TP divides the attention heads and the MLP width, and the KV
-    heads divide TP (replicated) or TP divides them (module docstring)."""
-    kv = shape.num_kv_heads
-    kv_ok = tp % kv == 0 if tp >= kv else kv % tp == 0
-    return shape.num_heads % tp == 0 and shape.intermediate_size % tp == 0 and kv_ok
-
-
-def tensor_parallel_sizes(shape: ModelShape | None, max_gpus: int) -> list[int]:
-    """The tensor-parallel sizes up to `max_gpus` that shard `shape` (powers of two when the shape is unknown:
-    head counts are a power of two times a small factor)."""
-    if shape is None:
-        return [1 << i for i in range(max(max_gpus, 1).bit_length())]
-    return [tp for tp in range(1, max_gpus + 1) if tensor_parallel_ok(shape, tp)]
-
-
 def server_parallelism(
     free: Sequence[str], tp: int | None, dp: int | None, shape: ModelShape | None = None
 ) -> tuple[list[str], int, int]:
     """The server's GPUs and its tensor / data parallel sizes.
 
-    With no `tp`: the largest size up to the free GPUs that shards the model (`tensor_parallel_sizes`), `dp = 1`.
+    With no `tp`: `choose_tensor_parallel` among the sizes up to the free GPUs that shard the model, `dp = 1`.
     Free GPUs beyond `tp * dp` stay idle.
 
     Raises:
@@ -177,11 +165,12 @@ def server_parallelism(
         )
     sizes = tensor_parallel_sizes(shape, len(free))
     if tp is None:
-        tp = max(t for t in sizes if t * dp <= len(free)) if any(t * dp <= len(free) for t in sizes) else 1
+        tp = choose_tensor_parallel(shape, [t for t in sizes if t * dp <= len(free)] or [1])
     elif shape is not None and not tensor_parallel_ok(shape, tp):
         raise LaunchError(
             f"--vllm-tp {tp} does not shard {shape.name} ({shape.num_heads} attention heads, {shape.num_kv_heads} KV "
-            f"heads, MLP width {shape.intermediate_size}); vLLM refuses it. Sizes that do, up to {len(free)} free "
+            f"heads, MLP width {shape.intermediate_size}, vocabulary {shape.vocab_size} padded to "
+            f"{padded_vocab(shape.vocab_size)}); vLLM refuses it. Sizes that do, up to {len(free)} free "
             f"GPU(s): {', '.join(map(str, sizes))}"
         )
     if tp * dp > len(free):

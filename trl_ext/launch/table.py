@@ -4,7 +4,8 @@
     python -m trl_ext.launch.table [--models] [--gpu-memory-gb 80] [--json out.json]
 
 `--models` prints one recipe per shipped model at every layout, with the server's tensor and data parallel sizes
-(the largest TP that shards the model's heads; DP 1, as TRL 1.16's server needs for dense models). Server-mode
+(the TP `trl_ext.launch.tensor_parallel` picks: the smallest that shards the model with at most 4 B parameters per
+GPU, 1 for every shipped model; DP 1, as TRL 1.16's server needs for dense models). Server-mode
 recipes need a GPU beyond the training ones, so a config's one-GPU layout applies to colocated recipes only.
 """
 
