@@ -159,6 +159,47 @@ def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("requested", "version", "cuda", "backend"),
+    [
+        ("auto", "0.31.0+cpu", False, "vllm"),  # `make install` without CUDA: the CPU engine (issue 29 item 5)
+        ("auto", "0.31.0", True, "vllm"),  # the GPU build on a GPU
+        ("auto", "0.31.0", False, "transformers"),  # the GPU build cannot run without CUDA
+        ("auto", "0.31.0+cpu", True, "transformers"),  # the CPU build cannot use the GPU transformers runs on
+        ("auto", None, False, "transformers"),  # no vLLM
+        ("auto", None, True, "transformers"),
+        ("transformers", "0.31.0+cpu", False, "transformers"),  # asked for: as asked
+        ("vllm", None, False, "vllm"),
+    ],
+)
+def test_backend_choice_by_table(requested, version, cuda, backend):
+    from trl_ext.evaluation.backend import pick_backend
+
+    chosen, why = pick_backend(requested, version, cuda)
+    assert chosen == backend
+    assert (version in why) if requested == "auto" and version else why  # the reason names the build it saw
+
+
+def test_auto_backend_on_this_machine_follows_the_installed_distribution():
+    """`auto` against the real package metadata: where vLLM's CPU build is installed (tests/vllm_helpers.vllm_build
+    reads the metadata independently) and there is no GPU, the CPU engine; without vLLM, transformers. Catches `auto`
+    falling back to transformers on a CPU machine that has the engine (issue 29 item 5: 3.0x the tokens/s)."""
+    from vllm_helpers import vllm_build
+
+    from trl_ext.evaluation import resolve_backend
+    from trl_ext.evaluation.backend import choose_backend, installed_vllm
+
+    build = vllm_build()
+    assert installed_vllm() == build
+    cpu_engine = build is not None and "cpu" in build and not torch.cuda.is_available()
+    gpu_engine = build is not None and "cpu" not in build and torch.cuda.is_available()
+    expected = "vllm" if cpu_engine or gpu_engine else "transformers"
+    backend, why = choose_backend("auto")
+    assert resolve_backend("auto") == backend == expected, why
+    if cpu_engine:
+        assert why == f"auto: vLLM's CPU build ({build}) is installed and there is no GPU"
+
+
+@pytest.mark.parametrize(
     "kwargs,match",
     [
         ({"task": "chess"}, "task: unknown task 'chess'"),

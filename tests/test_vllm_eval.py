@@ -1,6 +1,7 @@
 """`trl-ext eval --backend vllm` on the real CPU engine against `--backend transformers` on the same tiny model.
 
-Two engine runs for the module (each `trl-ext eval` starts one, in a child process): greedy, and sampled with n=8.
+Two engine runs for the module (each `trl-ext eval` starts one, in a child process): greedy (`--backend vllm`), and
+sampled with n=8 (`--backend auto`, which picks the CPU engine where its build is installed and there is no GPU).
 The tiny model is float32 and the CPU engine runs it in float32 (`--dtype float32`, the default), so greedy decoding
 must give the same tokens as transformers. The checkpoint's generation_config sets a repetition penalty, top-k,
 top-p and temperature of its own (as Qwen2.5 Instruct checkpoints do): both backends must sample only what the
@@ -53,8 +54,9 @@ def runs(tmp_path_factory):
     data = shared_path("countdown", "dev.parquet")
     greedy = ["--temperature", "0", "--n", "1", "--max-tokens", "24", "--ns", "1"]
     sampled = ["--temperature", "1.0", "--n", "8", "--max-tokens", "12,24", "--ns", "1,4,8"]
-    for name, args in (("greedy", greedy), ("sampled", sampled)):
-        argv = _eval_argv(model, data, root / f"vllm_{name}", *args, "--backend", "vllm")
+    # the sampled run leaves the backend to `auto`, which must pick this machine's CPU engine (issue 29 item 5)
+    for name, args in (("greedy", [*greedy, "--backend", "vllm"]), ("sampled", [*sampled, "--backend", "auto"])):
+        argv = _eval_argv(model, data, root / f"vllm_{name}", *args)
         run_checked(argv, timeout=900, log=root / f"vllm_{name}.log")
     return {"root": root, "model": model, "data": data, "greedy_args": greedy}
 
@@ -113,6 +115,21 @@ def test_greedy_vllm_and_transformers_give_the_same_tokens(runs, tmp_path):
     for key in ("categories", "pass_at_n", "accuracy", "mean_reward", "finish_reasons", "mean_response_tokens"):
         assert vllm_summary["results"]["24"][key] == hf_summary["results"]["24"][key], key
     assert len({r["response"] for r in engine}) > 1  # the prompts matter: not one degenerate string everywhere
+
+
+def test_auto_backend_runs_the_cpu_engine_and_says_why(runs):
+    """`--backend auto` on this machine (vLLM's CPU build installed, no GPU): the run generated with vLLM, says so
+    before generating (stderr) and in its report and summary, with the reason. Catches `auto` falling back to
+    transformers `generate` (3.0x slower on the CPU, issue 29 item 5) or choosing silently."""
+    from vllm_helpers import vllm_build
+
+    why = f"auto: vLLM's CPU build ({vllm_build()}) is installed and there is no GPU"
+    summary = json.loads((runs["root"] / "vllm_sampled" / "summary.json").read_text())
+    assert summary["config"]["backend"] == "auto"
+    assert (summary["generation"]["backend"], summary["generation"]["backend_choice"]) == ("vllm", why)
+    log = (runs["root"] / "vllm_sampled.log").read_text()
+    assert f"backend: vllm ({why})" in log
+    assert re.search(rf"^vllm \({re.escape(why)}\): \d+ tokens in [\d.]+s", log, re.M), log[-2000:]
 
 
 def test_sampled_vllm_log_probs_match_a_forward_pass(runs):

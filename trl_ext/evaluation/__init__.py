@@ -2,9 +2,10 @@
 accuracy, the seeds' three outcome categories, pass@N and Best@N, for one or several generation budgets.
 
 Pipeline (one function per arrow): task rows (`trl_ext.tasks.load_task`) -> prompt strings (chat template when
-`chat`) -> samples with per-token log-probabilities (vLLM on a GPU, else `transformers.generate`) -> cut at the
-first `</answer>` / EOS / the budget -> reward components (`trl_ext.rewards`, the same functions training uses)
--> `generations.jsonl` + `summary.json` + `pass_at_n.png` per budget.
+`chat`) -> samples with per-token log-probabilities (vLLM on a GPU or with its CPU build, else
+`transformers.generate`; `backend` picks) -> cut at the first `</answer>` / EOS / the budget -> reward components
+(`trl_ext.rewards`, the same functions training uses) -> `generations.jsonl` + `summary.json` + `pass_at_n.png` per
+budget.
 
 How the budgets share samples: autoregressive sampling is prefix-consistent (the first L tokens of a sample drawn
 with budget L' > L are distributed exactly as a sample drawn with budget L, same stop rule), so we sample once with
@@ -23,10 +24,11 @@ from the unprocessed logits, so no second forward pass is needed.
 Categories (seed 000): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
 Accuracy is the mean answer reward; pass@1 equals it.
 
-Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `transformers_backend` and
-`vllm_backend` (generation), `scoring` (reward components and records), `summary` (pass@N / Best@N, categories),
-`pipeline` (`evaluate_model` in memory, `evaluate` with files). A library: it knows nothing of recipes
-(`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`; `trl_ext.recipes.eval_command` is `trl-ext eval`).
+Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto`
+runs, and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records),
+`summary` (pass@N / Best@N, categories), `pipeline` (`evaluate_model` in memory, `evaluate` with files). A library:
+it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
+`trl_ext.recipes.eval_command` is `trl-ext eval`).
 """
 
 from trl_ext.evaluation.config import BACKENDS, REWARD_NAMES, STOP, TASK_NAMES, EvalConfig, parse_int_list

@@ -28,7 +28,8 @@ class EvalConfig:
         seed: sampling seed.
         limit: evaluate the first `limit` problems.
         output_dir: where the results go (one `L<max_tokens>/` folder per budget).
-        backend: `auto` (vLLM when installed and a GPU is present, else transformers), `vllm`, `transformers`.
+        backend: `auto` (vLLM where it can run: its GPU build with CUDA, its CPU build without; else transformers;
+            `trl_ext.evaluation.backend`), `vllm`, `transformers`.
         batch_size: sequences per `generate` call (transformers backend).
         dtype: model dtype (`float32`, `bfloat16`) of the transformers backend and of vLLM's CPU build; for vLLM on a
             GPU, `float32` (the default) means the checkpoint's dtype.

@@ -8,11 +8,13 @@ such as a training loop or the demo; `evaluate` runs an `EvalConfig` end to end,
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from trl_ext.evaluation.backend import choose_backend
 from trl_ext.evaluation.config import STOP, EvalConfig
 from trl_ext.evaluation.samples import cut_samples
 from trl_ext.evaluation.scoring import ground_truth_of, reward_name_for, score_samples
@@ -22,14 +24,9 @@ from trl_ext.evaluation.vllm_backend import generate_vllm
 
 
 def resolve_backend(backend: str) -> str:
-    """`auto` -> `vllm` when vLLM is installed and CUDA is available, else `transformers`."""
-    if backend != "auto":
-        return backend
-    import importlib.util
-
-    import torch
-
-    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "transformers"
+    """`auto` -> `vllm` where vLLM can run here (its GPU build with CUDA, its CPU build without), else
+    `transformers` (`trl_ext.evaluation.backend.choose_backend` without its reason)."""
+    return choose_backend(backend)[0]
 
 
 def load_problems(cfg: EvalConfig) -> tuple[list[str] | list[list[dict]], list[dict]]:
@@ -133,7 +130,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
         cfg: the run's settings.
         model, tokenizer: an already loaded model / tokenizer (transformers backend); loaded from `cfg.model`
             otherwise.
-        progress: show the tqdm bar.
+        progress: show the tqdm bar and, on stderr, which backend runs and why.
 
     Returns:
         `{"config": ..., "generation": {...}, "results": {"<max_tokens>": summary}}`, also written to
@@ -142,7 +139,9 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
     """
     prompts, rows = load_problems(cfg)  # bad data fails here, before the model loads
     reward = reward_name_for(cfg.task, cfg.prompt, cfg.reward)
-    backend = resolve_backend(cfg.backend) if model is None else "transformers"
+    backend, why = choose_backend(cfg.backend) if model is None else ("transformers", "a loaded model was given")
+    if progress:
+        print(f"backend: {backend} ({why})", file=sys.stderr, flush=True)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -181,6 +180,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
     generated = sum(c[max(cfg.max_tokens)]["num_tokens"] for per_problem in cuts for c in per_problem)
     generation = {
         "backend": backend,
+        "backend_choice": why,
         "seconds": seconds,
         "generated_tokens": generated,
         "tokens_per_second": generated / seconds if seconds > 0 else None,

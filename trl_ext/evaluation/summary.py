@@ -57,8 +57,9 @@ def format_report(report: dict) -> str:
         )
     gen = report["generation"]
     if gen.get("tokens_per_second"):
+        why = f" ({gen['backend_choice']})" if gen.get("backend_choice") else ""
         lines.append(
-            f"{gen['backend']}: {gen['generated_tokens']} tokens in {gen['seconds']:.1f}s "
+            f"{gen['backend']}{why}: {gen['generated_tokens']} tokens in {gen['seconds']:.1f}s "
             f"({gen['tokens_per_second']:.1f} tokens/s)"
         )
     return "\n".join(lines)
