@@ -27,6 +27,7 @@ from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
 from trl_ext.grpo.sampling import DynamicSamplingMixin
 from trl_ext.grpo.vllm_sync import install_colocate_weight_sync
+from trl_ext.grpo.weight_transfer import server_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -102,7 +103,8 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
                 f"args must be an AblationGRPOConfig, got {type(args).__name__}; build the config with "
                 "trl_ext.AblationGRPOConfig (it accepts every trl.GRPOConfig field)"
             )
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        with server_weight_sync(args):  # server mode without CUDA: a gloo weight sync where TRL's needs NCCL
+            super().__init__(model, reward_funcs, args=args, **kwargs)
         if args.padding_free:
             problem = packing_problem(self.model, is_multimodal=self._is_vlm)
             if problem is not None:

@@ -1,0 +1,205 @@
+"""The trainer side of the CPU weight transfer (`trl_ext.grpo.weight_transfer`): TRL's `VLLMClient` whose NCCL
+communicator is replaced by a gloo sender when the trainer's device is not CUDA.
+
+`trl_ext.grpo.weight_transfer.server_weight_sync` makes TRL's `VLLMGeneration` build this client on a trainer
+without CUDA; TRL then calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
+`update_named_params(metadata, VLLMGeneration._iter_named_params())` and `reset_prefix_cache()`. On a CUDA device
+every method is TRL's own (NCCL).
+
+Failure: every request of the sync goes without retries and is bounded by `timeout_s` (TRL's
+`vllm_server_timeout`), as is every broadcast; a server that is gone (or whose requests fail) raises
+`VLLMServerError` naming the server, its log when the launcher gave it (`TRL_EXT_VLLM_SERVER_LOG`) and the log's last
+lines. Generation keeps TRL's retries (about 60 s for a refused connection), then fails the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import requests
+import torch
+from trl.generation.vllm_client import VLLMClient
+
+from trl_ext.grpo.weight_transfer import (
+    BACKEND,
+    CHUNK_BYTES,
+    GlooLink,
+    chunk_plan,
+    local_address_towards,
+    send_chunks,
+    server_args,
+    server_log,
+)
+
+TAIL_LINES = 15
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server did not answer a weight sync or a generation request; the message names it and its log."""
+
+
+def _log_tail(path: str | None, lines: int = TAIL_LINES) -> str:
+    if path is None:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines)).rstrip()
+    except OSError:
+        return "(the log cannot be read)"
+
+
+# What a request or a broadcast raises when the server is gone: requests' errors, gloo's (RuntimeError), timeouts.
+_TRANSPORT_ERRORS = (requests.RequestException, RuntimeError, TimeoutError, FutureTimeout, OSError)
+
+
+def _server_failures(*errors: type[BaseException]):
+    """Turns an `errors` failure of the decorated method into a `VLLMServerError` naming the server and its log."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except VLLMServerError:
+                raise
+            except errors as exc:
+                raise self.server_error(f"{method.__name__} failed", exc) from exc
+
+        return wrapper
+
+    return decorate
+
+
+class GlooVLLMClient(VLLMClient):
+    """TRL's `VLLMClient` with a gloo weight sync for a trainer without CUDA (see the module docstring).
+
+    Args: those of `VLLMClient`; `connection_timeout` (TRL passes `vllm_server_timeout`) also bounds each step of a
+    weight sync (`timeout_s`, at least 30 s).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        host: str = "0.0.0.0",
+        server_port: int = 8000,
+        group_port: int = 51216,
+        connection_timeout: float = 0.0,
+    ):
+        self.timeout_s = max(float(connection_timeout), 30.0)
+        self.log_path = server_log()
+        self.chunk_bytes = CHUNK_BYTES
+        self._gloo = False
+        super().__init__(base_url, host, server_port, group_port, connection_timeout)
+
+    def server_error(self, what: str, exc: BaseException | None = None) -> VLLMServerError:
+        """A `VLLMServerError` for `what`, naming the server, the cause, the log and its last lines."""
+        cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        message = f"the vLLM server at {self.base_url}: {what}{cause}"
+        if self.log_path:
+            message += f". Server log: {self.log_path}; last lines:\n{_log_tail(self.log_path)}"
+        else:
+            message += " (is it still running? its log would tell)"
+        return VLLMServerError(message)
+
+    def _sync_post(self, path: str, payload: dict) -> None:
+        """A weight-sync request: no retries (a repeated update would desynchronize the stream), `timeout_s`."""
+        response = requests.post(f"{self.base_url}{path}", json=payload, timeout=self.timeout_s)
+        if response.status_code != 200:
+            raise self.server_error(f"{path} answered {response.status_code}: {response.text[:2000]}")
+
+    @_server_failures(*_TRANSPORT_ERRORS)
+    def init_communicator(self, device: torch.device | str | int = 0):
+        """TRL's NCCL communicator on a CUDA device; on any other device, joins the server's `trl_ext_gloo` engine.
+
+        Raises:
+            VLLMServerError: the server runs another weight-transfer backend (the message says how to start it), or
+                the rendezvous failed / timed out.
+        """
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type == "cuda":
+            return super().init_communicator(device)
+        config = self.get_server_info()["weight_transfer_config"]
+        backend = None if config is None else config.get("backend")
+        if backend != BACKEND:
+            raise self.server_error(
+                f"its weight-transfer backend is {backend!r}, which cannot receive weights from a trainer on "
+                f"{device}; start it with `{' '.join(server_args())}` (`trl-ext launch` does on a machine without "
+                "CUDA)"
+            )
+        world_size = self.get_world_size() + 1  # the trainer is rank 0, the server's workers follow
+        address = local_address_towards(self.host or "127.0.0.1")
+        init_info = {
+            "master_address": address,
+            "master_port": self.group_port,
+            "world_size": world_size,
+            "rank_offset": 1,
+            "chunk_bytes": self.chunk_bytes,
+            "timeout_s": self.timeout_s,
+        }
+        # The server blocks in the rendezvous while it handles the request: both sides join at once.
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            future = executor.submit(self._sync_post, "/init_weight_transfer_engine", {"init_info": init_info})
+            try:
+                self.communicator = GlooLink(address, self.group_port, 0, world_size, self.timeout_s, address)
+            finally:
+                future.result(timeout=self.timeout_s)
+        self._gloo = True
+        atexit.register(self.close_communicator)
+
+    def _start_weight_update(self):
+        if not self._gloo:
+            return super()._start_weight_update()
+        self._sync_post("/start_weight_update", {})
+
+    def _finish_weight_update(self):
+        if not self._gloo:
+            return super()._finish_weight_update()
+        self._sync_post("/finish_weight_update", {})
+
+    @_server_failures(*_TRANSPORT_ERRORS)
+    def update_named_params(self, metadata, named_params):
+        """Streams the tensors of `named_params`, announced by `metadata` (`(name, dtype, shape)` each, vLLM dtype
+        names), to the server: `/start_weight_update`, `/update_weights` while the chunks are broadcast,
+        `/finish_weight_update` (start and finish once around `weight_update()`, as TRL's)."""
+        if not self._gloo:
+            return super().update_named_params(metadata, named_params)
+        names, dtype_names, shapes = (list(field) for field in zip(*metadata, strict=True))
+        plan = chunk_plan(dtype_names, shapes, self.chunk_bytes)
+        if not self._updating_weights:
+            self._start_weight_update()
+        update_info = {"names": names, "dtype_names": dtype_names, "shapes": shapes}
+        # The workers receive inside the request: the request runs beside the broadcast.
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            future = executor.submit(self._sync_post, "/update_weights", {"update_info": update_info})
+            try:
+                send_chunks(self.communicator, named_params, names, plan)
+            except BaseException:
+                if future.done() and future.exception() is not None:
+                    raise future.exception() from None  # the server's refusal says more than the broken pipe
+                raise
+            future.result(timeout=self.timeout_s)
+        if not self._updating_weights:
+            self._finish_weight_update()
+
+    @_server_failures(requests.RequestException)
+    def generate(self, *args, **kwargs):
+        return super().generate(*args, **kwargs)
+
+    @_server_failures(requests.RequestException)
+    def chat(self, *args, **kwargs):
+        return super().chat(*args, **kwargs)
+
+    @_server_failures(requests.RequestException)
+    def reset_prefix_cache(self):
+        return super().reset_prefix_cache()
+
+    def close_communicator(self):
+        if not self._gloo:
+            return super().close_communicator()
+        link, self.communicator, self._gloo = self.communicator, None, False
+        if link is not None:
+            link.shutdown()
