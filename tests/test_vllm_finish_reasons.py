@@ -17,7 +17,7 @@ from vllm_helpers import require_vllm_cpu, run_script
 
 pytestmark = pytest.mark.slow
 
-MIN_TOKENS = 6  # tests/scripts/vllm_finish_reasons.py
+MIN_TOKENS = 9  # tests/scripts/vllm_finish_reasons.py
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_speculative_tokens_past_the_stop_string_are_finished(run):
         if r["reason"] == "stop" and r["stop_reason"] in tok.decode(r["ids"][:-1], skip_special_tokens=True)
     ]
     assert len(past) >= 4 and not any(r["tail_rule"] for r in past)  # the case occurred, and the tail misread it
-    assert sum(r["reason"] == "length" for r in case["rows"]) >= 4  # cut ones too
+    assert sum(r["reason"] == "length" for r in case["rows"]) >= 2  # cut ones too
     _trainer_followed_vllm(case, tok.pad_token_id)
 
 

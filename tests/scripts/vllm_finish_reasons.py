@@ -4,7 +4,7 @@ Usage: vllm_finish_reasons.py OUT_DIR. Builds `AblationGRPOTrainer` (`use_vllm=T
 `mask_truncated_completions=True`) on the tiny engine Qwen3 whose tokenizer marks the tags (`</answer>`, ...) special,
 with an engine that decodes speculatively (vLLM's n-gram proposer; TRL builds the `LLM` without a
 `speculative_config`, so this script hands it one by wrapping the `LLM` TRL's module calls). Then, per case, one
-`trainer._generate_and_score_completions` on PROMPTS x 4 with the case's `generation_kwargs` (greedy), and the
+`trainer._generate_and_score_completions` on PROMPTS x 2 with the case's `generation_kwargs` (greedy), and the
 same requests straight to `llm.generate` as the reference. Writes OUT_DIR/result.json: per case and row, the
 completion ids and text, vLLM's finish / stop reason (reference call), the trainer's `_finished`, its loss mask
 row sum, the token-tail rule's answer, and the logged `completions/clipped_ratio`.
@@ -12,7 +12,7 @@ row sum, the token-tail rule's answer, and the logged `completions/clipped_ratio
 Cases (each a way the token tail misreads a finished completion):
 - `speculative`: stop at any tripled character; the proposer's accepted tokens run past the stop string;
 - `special_stop`: stop at the special tags with `skip_special_tokens: false` (the tail decodes them away);
-- `min_tokens`: stop at any doubled character with `min_tokens: 6` (vLLM skipped the earlier matches, which the
+- `min_tokens`: stop at any doubled character with `min_tokens: 9` (vLLM skipped the earlier matches, which the
   tail still sees).
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w", "1212", "abcabc", "xxyyxxyy", "hello hello"]
 SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 MAX_TOKENS = 24
-MIN_TOKENS = 6
+MIN_TOKENS = 9  # of 3 to 9, the one where most greedy outputs of the engine model end by a skipped match
 
 
 def cases(tags: list[str]) -> dict[str, dict]:
@@ -76,7 +76,7 @@ def main(out_dir: Path) -> None:
         use_cpu=True,
         save_strategy="no",
         max_completion_length=MAX_TOKENS,
-        num_generations=4,
+        num_generations=2,
         per_device_train_batch_size=8,
         bf16=False,
         use_vllm=True,
@@ -97,7 +97,8 @@ def main(out_dir: Path) -> None:
         batch = trainer._generate_and_score_completions(inputs)
         requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in PROMPTS]
         params = SamplingParams(max_tokens=MAX_TOKENS, **kwargs)
-        reference = [r.outputs[0] for r in llm.generate(requests, params, use_tqdm=False) for _ in range(4)]
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        reference = [r.outputs[0] for r in outputs for _ in range(args.num_generations)]
         mask_sums = batch["completion_mask"].sum(dim=1).tolist()
         all_ids = [list(out.token_ids) for out in reference]
         rows = []
