@@ -15,6 +15,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
 # name -> (distributed_type, num_processes, gpu_ids, use_cpu, DeepSpeed zero_stage, mixed_precision)
 EXPECTED = {
     "cpu.yaml": ("NO", 1, None, True, None, "no"),
+    # the same placement: a CPU trainer beside a vLLM server on the CPU (trl-ext launch pins the two apart)
+    "cpu_server.yaml": ("NO", 1, None, True, None, "no"),
     # pinned: on a multi-GPU box the trainer must see one device (GRPOTrainer refuses DataParallel)
     "single_gpu.yaml": ("NO", 1, "0", False, None, "bf16"),
     "vllm_server_gpu0_train_gpu1.yaml": ("NO", 1, "1", False, None, "bf16"),
@@ -25,7 +27,7 @@ EXPECTED = {
 }
 
 
-def test_the_six_configs_exist():
+def test_the_seven_configs_exist():
     assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(EXPECTED)
 
 

@@ -93,6 +93,42 @@ def build_tiny_qwen3(
     return model
 
 
+# The demo's model size (`trl_ext.demo.DemoConfig`: head_dim 32, which vLLM's CPU attention accepts) with the full
+# character vocabulary: what a recipe with `tiny_model: true` trains (recipes/countdown/cpu_server.yaml).
+RECIPE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256)
+
+
+def ensure_tiny_model(path, seed: int = 0) -> bool:
+    """Build `RECIPE_MODEL` (character tokenizer, float32, `seed`) and save it to `path`, unless a model is there.
+
+    Built in a sibling folder and renamed into place, so processes that race (training ranks, the launcher) never
+    read a half-written folder; the build is seeded, so whichever wins holds the same model.
+
+    Returns:
+        True when this call built it.
+    """
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        save_tiny_model(staging, seed=seed, **RECIPE_MODEL)
+        os.rename(staging, path)  # fails if another process put a model (or anything) there first
+    except OSError:
+        if not (path / "config.json").is_file():
+            raise
+        return False
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
 def save_tiny_model(path, tokenizer=None, **model_kwargs) -> str:
     """Build a char tokenizer + tiny Qwen3 and save both to `path` (a directory `from_pretrained` can load)."""
     tokenizer = tokenizer or build_char_tokenizer()

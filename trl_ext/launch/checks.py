@@ -54,11 +54,13 @@ def launch_preflight(
     server_tp: int = 1,
     gpu_memory_gb: float | None = None,
     check_packages: bool = True,
+    cpu_cores: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
 ) -> tuple[tuple, Preflight] | None:
     """Every preflight check of a trl_ext GRPO recipe on this launch; None for other scripts (nothing to check).
 
     Training runs `setup.num_processes` processes on `train_gpus`; the memory limit is `gpu_memory_gb`, else the
     smallest FREE memory of the training GPUs per nvidia-smi (the colocated vLLM share is a part of their total).
+    `cpu_cores`: `(server cores, trainer cores)` of a server layout on the CPU (empty: not pinned), or None.
 
     Returns:
         The parsed recipe `(script_args, training_args, model_args)` and its `Preflight` (no problems).
@@ -84,6 +86,8 @@ def launch_preflight(
         train_devices=tuple(train_gpus),
         server_devices=tuple(server_gpus),
         server_tp=server_tp,
+        server_cpu_cores=None if cpu_cores is None else cpu_cores[0],
+        train_cpu_cores=() if cpu_cores is None else cpu_cores[1],
         gpu_memory_gib=total if total is not None else gpu_memory_gb,
         memory_limit_gib=limit,
         limit_source=source,

@@ -27,6 +27,9 @@ _SERVING_KEYS = (
     "vllm_gpu_memory_utilization",
     "vllm_group_port",
     "output_dir",
+    "dtype",
+    "bf16",
+    "fp16",
 )
 
 
@@ -160,6 +163,8 @@ class RecipeServing:
     gpu_memory_utilization: float | None = None  # the recipe's vLLM share, passed to the server it starts
     port_stated: bool = False
     group_port: int | None = None
+    # The dtype the trainer computes in when it runs without autocast (`dtype` with bf16 / fp16 off), else None.
+    compute_dtype: str | None = None
 
     @property
     def server_mode(self) -> bool:
@@ -208,6 +213,8 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     unset = stated is None or str(stated).lower() == "null"  # `--vllm_gpu_memory_utilization null` unsets it
     share = None if unset else _as_share(stated, f"{source}: `vllm_gpu_memory_utilization`")
     group = values.get("vllm_group_port")
+    autocast = any(_as_bool(values.get(key, False), f"{source}: `{key}`") for key in ("bf16", "fp16"))
+    dtype = values.get("dtype")
     return RecipeServing(
         use_vllm=use_vllm,
         vllm_mode=vllm_mode,
@@ -219,6 +226,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         gpu_memory_utilization=share,
         port_stated=bool(base_url) or values.get("vllm_server_port") is not None,
         group_port=None if group is None else _as_int(group, f"{source}: `vllm_group_port`", minimum=1),
+        compute_dtype=None if autocast or dtype in (None, "auto") else str(dtype),
     )
 
 

@@ -21,6 +21,7 @@ from trl_ext.launch.configs import (
     read_accelerate_config,
     read_recipe_serving,
 )
+from trl_ext.launch.cpu_layout import CpuLayout, cpu_server_args, pin, split_cores, with_server_log
 from trl_ext.launch.planning import (
     CUDA_VISIBLE,
     HEALTH_PATH,
@@ -62,6 +63,7 @@ def plan_launch(
     environ: dict[str, str] | None = None,
     gpu_memory_gb: float | None = None,
     check_packages: bool = True,
+    cpus: list[int] | None = None,
 ) -> LaunchPlan:
     """Composes the server and trainer commands from the configs; checks everything that can fail before a start.
 
@@ -82,6 +84,8 @@ def plan_launch(
         environ: environment to read `CUDA_VISIBLE_DEVICES` / `CUDA_DEVICE_ORDER` from (default `os.environ`).
         gpu_memory_gb: the preflight's memory limit per training GPU (default: its free memory per nvidia-smi).
         check_packages: the preflight checks that vLLM / DeepSpeed / bitsandbytes are installed where needed.
+        cpus: the cores a server layout on the CPU splits between server and trainer (default: those this process
+            may use; `trl_ext.launch.cpu_layout`).
 
     Raises:
         LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing, a failed check.
@@ -119,14 +123,16 @@ def plan_launch(
     server_gpus: list[str] = []
     tp = dp = 0
     port = None
+    cpu: CpuLayout | None = None  # the CPU server layout (no GPU, vLLM's CPU build)
     if starts_server:
-        on_cpu = not available and planning.vllm_cpu_build()
-        if on_cpu:
+        if not available and planning.vllm_cpu_build():
             if (vllm_tp or 1) * (vllm_dp or 1) > 1:
                 raise LaunchError(
                     f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}"
                 )
             tp = dp = 1
+            cpu = split_cores(cpus)
+            vllm_args, kv_note = cpu_server_args(vllm_args, serving.gpu_memory_utilization, serving.compute_dtype)
         elif not free:
             raise LaunchError(_no_free_gpu(setup, train, available, source))
         else:
@@ -140,28 +146,44 @@ def plan_launch(
         host_flags, bind_note = loopback_flags(serving, port)
         extra += [*host_flags, *port_flags]
         stated = {arg.lstrip("-").split("=")[0].replace("-", "_") for arg in vllm_args}
-        if serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
+        if cpu is None and serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
             vllm_args = [*vllm_args, "--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
         server = server_command(serving.model, SERVER_BIND_HOST, port, tp, dp, server_gpus, vllm_args, server_cmd)
         idle = [gpu for gpu in free if gpu not in server_gpus]
-        where = "the CPU (vLLM's CPU build, no GPU found)" if on_cpu else f"GPU(s) {','.join(server_gpus)}"
+        where = "the CPU (vLLM's CPU build, no GPU found)" if cpu else f"GPU(s) {','.join(server_gpus)}"
         notes.append(
             f"vLLM server mode: {serving.model} on {where} (tp {tp}, dp {dp}), training on "
             f"{','.join(train) or 'CPU'}; {len(available)} GPU(s) from {source}"
             + (f"; idle: {','.join(idle)}" if idle else "")
         )
         notes.append(bind_note)
+        if cpu is not None:
+            server = pin(server, cpu.server_cores)
+            notes += [cpu.note, kv_note]
 
     check_machine(environ, bool(train or server_gpus))
     checked = launch_preflight(
-        setup, recipe, config, extra, train, server_gpus, tp or 1, gpu_memory_gb, check_packages=check_packages
+        setup,
+        recipe,
+        config,
+        extra,
+        train,
+        server_gpus,
+        tp or 1,
+        gpu_memory_gb,
+        check_packages=check_packages,
+        cpu_cores=None if cpu is None else (cpu.server_cores, cpu.train_cores),
     )
     output_dir = checked[0][1].output_dir if checked else serving.output_dir
+    log_root = Path(log_dir) if log_dir is not None else Path(output_dir or DEFAULT_LOG_DIR)
+    server_log = log_root / f"vllm_server_{port}.log"
     if train:
         trainer_env = gpu_env(train)
     else:  # a CPU trainer beside a GPU server sees no GPU; otherwise accelerate's own handling applies
         trainer_env = {CUDA_VISIBLE: ""} if starts_server else {}
     trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
+    if cpu is not None:
+        trainer = with_server_log(pin(trainer, cpu.train_cores), server_log)
     report = checked[1] if checked else None
     common = dict(
         trainer=trainer,
@@ -172,13 +194,12 @@ def plan_launch(
     )
     if server is None:
         return LaunchPlan(notes=tuple(notes), **common)
-    log_root = Path(log_dir) if log_dir is not None else Path(output_dir or DEFAULT_LOG_DIR)
     return LaunchPlan(
         server=server,
         host=SERVER_BIND_HOST,
         port=port,
         health_url=f"http://{url_host(SERVER_BIND_HOST)}:{port}{HEALTH_PATH}",
-        server_log=log_root / f"vllm_server_{port}.log",
+        server_log=server_log,
         server_gpus=tuple(server_gpus),
         tp=tp,
         dp=dp,

@@ -25,6 +25,7 @@ from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml
 # accelerate config -> its layouts: (GPUs on the node, `--num-processes` or None for the config's own).
 MEANT_FOR: dict[str, tuple[tuple[int, int | None], ...]] = {
     "cpu.yaml": ((1, None),),  # training on the CPU; a server-mode recipe's server on GPU 0
+    "cpu_server.yaml": ((1, None),),  # the same on a GPU node (without one, the server too runs on the CPU)
     "single_gpu.yaml": ((1, None), (2, None), (4, None), (8, None), (12, None)),  # pinned to GPU 0
     "vllm_server_gpu0_train_gpu1.yaml": ((2, None), (4, None), (8, None), (12, None)),
     # 4 training processes, the server on the rest; a 4-GPU node trains on 2 (`--num-processes 2`)
@@ -35,6 +36,7 @@ MEANT_FOR: dict[str, tuple[tuple[int, int | None], ...]] = {
 # One layout per config for the every-recipe table: together they cover 1, 2 and 4 training processes.
 EVERY_RECIPE_LAYOUTS = {
     "cpu.yaml": (1, None),
+    "cpu_server.yaml": (1, None),
     "single_gpu.yaml": (2, None),
     "vllm_server_gpu0_train_gpu1.yaml": (2, None),
     "multi_gpu.yaml": (8, None),
@@ -68,12 +70,13 @@ class TableRow:
 
 def grpo_recipes(root: Path = ROOT) -> list[str]:
     """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT, the shared
-    root defaults and the expert-iteration recipes, which name their `task:`, aside)."""
+    root defaults, the expert-iteration recipes, which name their `task:`, and the CPU recipes of `trl_ext.tiny`'s
+    model, `tiny_model: true`, aside)."""
     recipes = root / "recipes"
     return sorted(
         p.relative_to(recipes).as_posix()
         for p in recipes.rglob("*.yaml")
-        if p.parent.name in TASK_DEFAULTS and "task" not in load_recipe_yaml(p)
+        if p.parent.name in TASK_DEFAULTS and not {"task", "tiny_model"} & set(load_recipe_yaml(p))
     )
 
 

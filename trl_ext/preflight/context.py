@@ -36,6 +36,9 @@ class RunContext:
         train_devices: GPU ids training uses on this machine (empty: CPU).
         server_devices: GPU ids of the vLLM server started by `trl-ext launch`, with its tensor-parallel size.
         server_tp: the server's tensor-parallel size.
+        server_cpu_cores: the cores of a vLLM server `trl-ext launch` starts on the CPU (empty: not pinned); None when
+            it starts none there.
+        train_cpu_cores: the cores training is pinned to beside such a server (empty: not pinned).
         gpu_memory_gib: total memory of one training GPU, when known (a colocated vLLM's share is a part of it).
         memory_limit_gib: refuse a plan whose estimate exceeds this (`--gpu-memory-gb`, default the free memory).
         limit_source: where the limit came from, for the printed plan.
@@ -49,6 +52,8 @@ class RunContext:
     train_devices: tuple[str, ...] = ()
     server_devices: tuple[str, ...] = ()
     server_tp: int = 1
+    server_cpu_cores: tuple[int, ...] | None = None
+    train_cpu_cores: tuple[int, ...] = ()
     gpu_memory_gib: float | None = None
     memory_limit_gib: float | None = None
     limit_source: str = ""

@@ -167,11 +167,13 @@ def check_recipe(
 
 def _placement(report: Preflight, args) -> None:
     context = report.context
-    train = ",".join(context.train_devices) or "CPU"
+    train = ",".join(context.train_devices) or _cpu(context.train_cpu_cores)
     mode = {"MULTI_GPU": "DDP", "DEEPSPEED": f"DeepSpeed ZeRO-{context.zero_stage}"}.get(context.distributed_type, "")
     line = f"gpus:    training on {train} ({context.world_size} process(es){', ' + mode if mode else ''})"
     if args.use_vllm and args.vllm_mode == "server":
         server = ",".join(context.server_devices) or "a server you start (vllm_server_host)"
+        if context.server_cpu_cores is not None:  # `trl-ext launch` starts it on the CPU; gloo weight sync
+            server = f"{_cpu(context.server_cpu_cores)} (vLLM's CPU build; weights synced over gloo)"
         line += f"; vLLM server on {server}" + (f" (tp {context.server_tp})" if context.server_devices else "")
     elif args.use_vllm:
         line += f"; vLLM colocated on each training GPU ({args.vllm_gpu_memory_utilization:g} of its memory" + (
@@ -180,6 +182,10 @@ def _placement(report: Preflight, args) -> None:
     else:
         line += "; generation with transformers on the training GPUs"
     report.lines.append(line)
+
+
+def _cpu(cores: tuple[int, ...]) -> str:
+    return f"CPU core(s) {','.join(map(str, cores))}" if cores else "CPU"
 
 
 def _memory_and_disk(

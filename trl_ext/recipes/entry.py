@@ -30,6 +30,7 @@ from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import OutputDirPlan, make_record, plan_output_dir
 from trl_ext.recipes.parsing import parse_recipe_args, pop_config_flag
 from trl_ext.recipes.stated import stated_values
+from trl_ext.tiny import ensure_tiny_model
 
 
 def config_from_argv(argv: Sequence[str]) -> str | None:
@@ -76,6 +77,9 @@ def preflight_recipe(
         The parsed `(script_args, training_args, model_args)` and the `Preflight` (problems not raised).
     """
     recipe = parse_recipe(task, argv, world_size)
+    script_args, _, model_args = recipe.parsed
+    if getattr(script_args, "tiny_model", False):  # built before the checks (and the server) look for it
+        ensure_tiny_model(model_args.model_name_or_path)
     context = make_context(recipe.parsed)
     report = check_recipe(task, recipe.config, argv, recipe.parsed, context, recipe.stated, environ)
     return recipe.parsed, report
