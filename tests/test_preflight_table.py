@@ -15,6 +15,7 @@ from trl_ext.launch import plan_launch, tensor_parallel_sizes
 from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.table import EVERY_RECIPE_LAYOUTS, MEANT_FOR, model_recipes, pairs, plan_row
 from trl_ext.preflight import load_model_shape
+from trl_ext.preflight.memory import GIB
 from trl_ext.recipes import cli_overrides, load_recipe_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,10 +24,8 @@ RECIPES = REPO / "recipes"
 SEED000 = RECIPES / "countdown" / "seed000_grpo_l512.yaml"
 SCRIPT = RECIPES / "countdown.py"
 H100_GIB = 80.0
-# The every-recipe table: one layout per config, and the multi-GPU configs at 8 GPUs too; cpu_server.yaml is cpu.yaml's
-# placement (its CPU server layout: tests/test_launch_cpu_layout.py).
+# The every-recipe table: one layout per config, and the multi-GPU configs at 8 GPUs too.
 LAYOUTS = {**EVERY_RECIPE_LAYOUTS, "multi_gpu.yaml": ((8, None),), "zero2.yaml": ((4, 2),), "zero3.yaml": ((8, None),)}
-del LAYOUTS["cpu_server.yaml"]
 
 
 def _plan(config: Path, recipe: Path, *extra: str, num_gpus: int = 8, gpu_memory_gb: float | None = H100_GIB, **kw):
@@ -72,8 +71,9 @@ def test_every_config_x_recipe_plans(tmp_path, seed001_files):
     multi = {r.num_gpus: r for r in rows if r.config == "multi_gpu.yaml" and r.recipe == "countdown/base.yaml"}
     assert (multi[8].train_gpus, multi[8].server_gpus, multi[8].ga, multi[8].tp) == ("0,1,2,3", "4", 32, 1)
     single = [r for r in rows if r.config == "single_gpu.yaml" and not r.server_gpus]
-    # the recipes that need no server GPU: seed 004's (transformers generation) and its colocated 24 GB variant
-    assert [r.recipe for r in single] == ["gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml"]
+    # the recipes that need no server GPU: seed 000's one-GPU runs (colocated vLLM), seed 004's (transformers
+    # generation) and its colocated 24 GB variant
+    assert [r.recipe for r in single] == sorted(ONE_GPU) + ["gsm8k/seed004.yaml", "gsm8k/seed004_24gb.yaml"]
     zero2 = [r for r in rows if r.config == "zero2.yaml" and r.recipe == "countdown/base.yaml"]
     assert [(r.num_gpus, r.processes, r.train_gpus, r.server_gpus, r.ga) for r in zero2] == [(4, 2, "0,1", "2", 64)]
 
@@ -93,8 +93,9 @@ SHARDING_TP = {
 
 def test_every_shipped_model_has_a_shape_and_its_tensor_parallel_sizes():
     """Every model a shipped recipe trains has architecture numbers (for memory and TP) and the sizes above."""
-    recipes = [load_recipe_yaml(p) for p in RECIPES.rglob("*.yaml") if p.parent != RECIPES]
-    models = {str(r.get("model_name_or_path")) for r in recipes if not r.get("tiny_model")}  # tiny: built locally
+    models = {
+        str(load_recipe_yaml(p).get("model_name_or_path")) for p in RECIPES.rglob("*.yaml") if p.parent != RECIPES
+    }
     assert models - {"None"} <= set(SHARDING_TP), models - set(SHARDING_TP)
     for model, sizes in SHARDING_TP.items():
         assert tuple(tensor_parallel_sizes(load_model_shape(model)[0], 16)) == sizes, model
@@ -160,6 +161,30 @@ def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):
 def test_server_recipe_on_one_gpu_is_refused_with_the_fix():
     with pytest.raises(LaunchError, match=r"no free GPU left for the vLLM server.*use `vllm_mode: colocate`"):
         _plan(CONFIGS / "single_gpu.yaml", SEED000, num_gpus=1)
+
+
+# Seed 000 on the seed's hardware, one A100 80 GB (issue 31 item 3): each run with vLLM colocated at 0.45 of the GPU.
+ONE_GPU = [
+    f"countdown/seed000_{run}{precision}_1gpu.yaml"
+    for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
+    for precision in ("", "_pure_bf16")
+]
+
+
+@pytest.mark.parametrize("recipe", ONE_GPU)
+def test_seed000_one_gpu_recipes_fit_80_gib(tmp_path, recipe):
+    """The one-GPU recipe of each seed 000 run plans on one 80 GiB GPU with single_gpu.yaml, vLLM colocated (no
+    server), and its estimate fits: the optimizer step's 20P (fp32 master weights, torch AdamW foreach) or 10P (pure
+    bf16) plus vLLM's 0.45 x 80 GiB and the 1.5 GiB runtime allowance = 69.5 / 53.5 GiB (P = 1,720,574,976)."""
+    plan = _plan(CONFIGS / "single_gpu.yaml", RECIPES / recipe, "--output_dir", str(tmp_path / "run"), num_gpus=1)
+    estimate = plan.report.estimate
+    assert plan.server is None and plan.train_gpus == ("0",) and plan.report.layout.gradient_accumulation_steps == 128
+    assert estimate.phases["train"]["colocated vLLM"] == 0.45 * 80 * GIB
+    pure = "pure_bf16" in recipe
+    assert estimate.peak_phase == "optimizer step"
+    assert estimate.peak_bytes == (10 if pure else 20) * 1_720_574_976 + (0.45 * 80 + 1.5) * GIB
+    assert round(estimate.peak_gib, 1) == (53.5 if pure else 69.5) <= H100_GIB
+    assert f"\nbase: {Path(recipe).name.replace('_1gpu', '')}\n" in (RECIPES / recipe).read_text()  # the 2-GPU run
 
 
 def test_memory_refusal_lists_knobs_and_the_first_one_plans(tmp_path):

@@ -151,6 +151,15 @@ DIFFS = {
         f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
         for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
     },
+    # seed 000 on its one A100 80 GB: each run with vLLM colocated on the training GPU (issue 31 item 3)
+    **{
+        f"countdown/seed000_{run}{precision}_1gpu.yaml": (
+            f"countdown/seed000_{run}{precision}.yaml",
+            {"vllm_mode", "vllm_gpu_memory_utilization"},
+        )
+        for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
+        for precision in ("", "_pure_bf16")
+    },
     # seed 004: one 24 GB GPU, group size 8 kept (colocated vLLM with sleep mode, 8-bit AdamW, smaller eval batch)
     "gsm8k/seed004_24gb.yaml": (
         "gsm8k/r1_zero.yaml",
@@ -184,15 +193,6 @@ DIFFS = {
     "sft/size_1024.yaml": ("sft/base.yaml", {"limit"}),
     "sft/full.yaml": ("sft/base.yaml", {"num_train_epochs"}),  # limit: null is base's default (all rows)
 }
-# The CPU server layout (issue 29): trl_ext.tiny's model on the shipped Countdown problems, a short float32 run with
-# TRL's importance-sampling ratio logged and no wandb.
-DIFFS["countdown/cpu_server.yaml"] = (
-    "grpo_defaults.yaml",
-    {"model_name_or_path", "tiny_model", "bf16", "gradient_checkpointing", "dataset_source", "dataset_split", "prompt"}
-    | {"chat_template", "rollout_batch_size", "group_size", "train_batch_size", "per_device_train_batch_size"}
-    | {"n_grpo_steps", "max_completion_length", "generation_kwargs", "learning_rate", "eval_strategy", "final_eval"}
-    | {"vllm_importance_sampling_correction", "report_to", "log_completions", "save_strategy"},
-)
 ROOTS = {"grpo_defaults.yaml", "sft/base.yaml"}
 
 
@@ -224,19 +224,14 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
         return
     assert isinstance(training_args, AblationGRPOConfig)
     assert isinstance(script_args, GRPOScriptArguments)
-    if recipe == "countdown/cpu_server.yaml":  # the CPU server layout: a built tiny model, float32, no wandb
-        assert script_args.tiny_model and not training_args.bf16 and training_args.report_to == []
-        assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
-        assert training_args.vllm_importance_sampling_correction
-        return
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
         assert model_args.model_name_or_path.startswith("Qwen/")
     if recipe == "gsm8k/seed004.yaml":  # the report's own run: transformers generation, group 4, its own validation
         assert (training_args.use_vllm, training_args.num_generations) == (False, 4)
         return
-    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004), wandb, hub ids (root defaults aside)
-    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" else "server"
+    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004 and seed 000's *_1gpu), wandb, hub ids
+    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" or recipe.endswith("_1gpu.yaml") else "server"
     assert (training_args.use_vllm, training_args.vllm_mode) == (True, mode)
     # Validation every 5-10 GRPO steps on >= 1024 problems where the split has them (MATH-500 has 500)
     assert training_args.eval_strategy == "steps"

@@ -99,6 +99,7 @@ READ = {
     "max_grad_norm": lambda t, s, a, m: a.max_grad_norm,
     "kl_beta": lambda t, s, a, m: a.beta,
     "use_vllm": lambda t, s, a, m: a.use_vllm,
+    "vllm_mode": lambda t, s, a, m: a.vllm_mode,
     "dtype": lambda t, s, a, m: m.dtype,
     "gradient_checkpointing": lambda t, s, a, m: a.gradient_checkpointing,
     "prompt_text": _prompt_text,
