@@ -193,6 +193,15 @@ DIFFS = {
     "sft/size_1024.yaml": ("sft/base.yaml", {"limit"}),
     "sft/full.yaml": ("sft/base.yaml", {"num_train_epochs"}),  # limit: null is base's default (all rows)
 }
+# The CPU server layout (issue 29): trl_ext.tiny's model on the shipped Countdown problems, a short float32 run with
+# TRL's importance-sampling ratio logged and no wandb.
+DIFFS["countdown/cpu_server.yaml"] = (
+    "grpo_defaults.yaml",
+    {"model_name_or_path", "tiny_model", "bf16", "gradient_checkpointing", "dataset_source", "dataset_split", "prompt"}
+    | {"chat_template", "rollout_batch_size", "group_size", "train_batch_size", "per_device_train_batch_size"}
+    | {"n_grpo_steps", "max_completion_length", "generation_kwargs", "learning_rate", "eval_strategy", "final_eval"}
+    | {"vllm_importance_sampling_correction", "report_to", "log_completions", "save_strategy"},
+)
 ROOTS = {"grpo_defaults.yaml", "sft/base.yaml"}
 
 
@@ -224,6 +233,11 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
         return
     assert isinstance(training_args, AblationGRPOConfig)
     assert isinstance(script_args, GRPOScriptArguments)
+    if recipe == "countdown/cpu_server.yaml":  # the CPU server layout: a built tiny model, float32, no wandb
+        assert script_args.tiny_model and not training_args.bf16 and training_args.report_to == []
+        assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
+        assert training_args.vllm_importance_sampling_correction
+        return
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
         assert model_args.model_name_or_path.startswith("Qwen/")
