@@ -60,6 +60,7 @@ TOY = [
     "per_device_eval_batch_size: 64",
     "accuracy_backend: transformers  # vLLM in the shipped sweep",
     "accuracy_prompt: question_only  # the bare question as the user turn, as traced",
+    "accuracy_chat: true  # the traces are chat messages",
     f"accuracy_max_tokens: {BUDGET}",
     "final_eval: false  # the trainer's last validation is at the last step already",
     "bf16: false",

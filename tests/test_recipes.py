@@ -192,6 +192,12 @@ DIFFS = {
     "sft/size_512.yaml": ("sft/base.yaml", {"limit"}),
     "sft/size_1024.yaml": ("sft/base.yaml", {"limit"}),
     "sft/full.yaml": ("sft/base.yaml", {"num_train_epochs"}),  # limit: null is base's default (all rows)
+    # the hub's traces instead of the course's file: messages through the chat template, a validation-loss split
+    "sft/hub_full.yaml": (
+        "sft/base.yaml",
+        {"dataset_source", "dataset_split", "eval_split", "eval_limit", "per_device_eval_batch_size"}
+        | {"accuracy_chat", "num_train_epochs"},
+    ),
 }
 # The CPU server layout (issue 29): trl_ext.tiny's model on the shipped Countdown problems, a short float32 run with
 # TRL's importance-sampling ratio logged and no wandb.

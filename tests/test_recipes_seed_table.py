@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
+from trl_ext.evaluation import reward_name_for
 from trl_ext.launch import plan_launch
 from trl_ext.launch.configs import read_recipe_serving
 from trl_ext.recipes import load_recipe_yaml_with_sources, parse_ei_args, parse_recipe_args
 from trl_ext.tasks import PROMPTS, countdown_prompt, format_prompt
 from trl_ext.tasks.math import TEST_HUB_ID as MATH_TEST_HUB_ID
+from trl_ext.tasks.math import TRAIN_HUB_ID as MATH_TRAIN_HUB_ID
 from trl_ext.tasks.splits import DEFAULT_SOURCES
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -45,6 +47,11 @@ def _loss(args) -> str:
     if args.pg_loss_type == "reinforce":  # the seeds' presets: -A logp with raw or baselined advantages
         return SEED_LOSSES[args.advantage_type]
     return {"grpo_no_clip": "GRPO-No-Clip"}.get(args.pg_loss_type, args.pg_loss_type)
+
+
+def _math_hub_id(split: str) -> str:
+    """The hub set `trl_ext.tasks.load_math` reads for `split` when no source is given."""
+    return MATH_TRAIN_HUB_ID if split.split("[")[0] == "train" else MATH_TEST_HUB_ID
 
 
 def _eval_data(task, script, args, model):
@@ -125,6 +132,10 @@ READ_SFT = {
     "validation_max_tokens": lambda t, s, a, m: s.accuracy_max_tokens,
     "prompt": lambda t, s, a, m: s.accuracy_prompt,
     "prompt_text": lambda t, s, a, m: PROMPTS[s.accuracy_prompt],
+    "train_data": lambda t, s, a, m: s.dataset_source,
+    "validation_data": lambda t, s, a, m: [s.accuracy_source or _math_hub_id(s.accuracy_split), s.accuracy_split],
+    "validation_chat_template": lambda t, s, a, m: s.accuracy_chat,
+    "validation_reward": lambda t, s, a, m: reward_name_for(s.accuracy_task, s.accuracy_prompt),
 }
 READERS = {"grpo": READ, "ei": READ_EI, "sft": READ_SFT}
 

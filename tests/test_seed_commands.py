@@ -41,6 +41,12 @@ EXPECTED = {
         model="Qwen/Qwen3-0.6B", task="gsm8k", split="test", prompt="r1_zero", chat=False, reward="r1_zero",
         temperature=1.0, top_p=1.0, max_tokens=(1024,), n=16, ns=(1, 4, 8, 16), stop=("</answer>",), limit=None,
     ),
+    # seed 001, 4.3 question 2: the best SFT model on the Prime Intellect test set (the user turns, `ground_truth`),
+    # prompted and sampled as the SFT recipes validate (intellect as plain text, greedy, 2048 tokens, question_only)
+    "runs/sft/full": dict(
+        model="runs/sft/full", task="math", split="train", prompt="intellect", chat=False, reward="question_only",
+        temperature=0.0, max_tokens=(2048,), n=1, limit=None,
+    ),
     # seed 001 after training: its model on the course's test file, sampled as its validation (0.7, 1024 tokens)
     "runs/countdown/seed001": dict(
         model="runs/countdown/seed001", task="countdown", split="train", prompt="countdown", chat=False,
@@ -71,13 +77,18 @@ def test_the_page_documents_the_zero_shot_commands():
     assert sorted(subjects) == sorted(EXPECTED)
 
 
+# The course's files the commands name, as tests/data ships them: Countdown's test file whole, the Prime Intellect
+# test set as its first rows and one with an empty ground truth (intellect_math/test_subset.jsonl).
+SHIPPED = {"data/intellect_math/test.jsonl": "data/intellect_math/test_subset.jsonl"}
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_zero_shot_command_resolves_to_its_seeds_sampling(command, recorded):
-    # the course's files (data/countdown/) are shipped in part for the tests: the test file whole
     argv = [
-        str(REPO / a) if a.startswith("recipes/") else str(REPO / "tests" / a) if a.startswith("data/") else a
+        str(REPO / a) if a.startswith("recipes/") else str(REPO / "tests" / SHIPPED.get(a, a)) if a.startswith("data/")
+        else a
         for a in shlex.split(command)[1:]
-    ]
+    ]  # fmt: skip
     result = CliRunner().invoke(app, argv)
     assert isinstance(result.exception, _Recorded), result.output
     [cfg] = recorded

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import shared_path
 from outcomes import TEST_THREADS, record_margin
 
 from trl_ext.expert_iteration.sft_validation import loss_drop
@@ -90,6 +91,7 @@ def test_sft_recipe_measures_accuracy_at_every_evaluation(tmp_path):
         "num_train_epochs: 15", "learning_rate: 1.0e-2", "lr_scheduler_type: constant", "warmup_steps: 0",
         "eval_strategy: steps", "eval_steps: 10", "eval_on_start: true", "accuracy_backend: transformers",
         f"accuracy_source: {problems}", "accuracy_prompt: question_only", f"accuracy_max_tokens: {BUDGET}",
+        "accuracy_chat: true  # the traces are chat messages",
     )  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(TEST_THREADS)
@@ -143,7 +145,7 @@ def test_loss_drop_compares_the_first_and_last_tenth():
         ),
         (["accuracy_backend: transformers", "accuracy_vllm_mode: server"], "accuracy_vllm_mode"),
         (["accuracy_backend: vllm", "accuracy_batch_size: 8"], "accuracy_batch_size"),
-        (["accuracy_backend: transformers", "eval_split: none"], "give an eval_split"),
+        (["accuracy_backend: transformers", "eval_strategy: 'no'"], "give an eval_strategy"),
         (["accuracy_backend: transformers", "accuracy_source: /nope.jsonl"], "no such file /nope.jsonl"),
         (["accuracy_backend: transformers", "accuracy_temperature: -1"], "temperature must be >= 0"),
         (["accuracy_backend: transformers", "accuracy_task: chess"], "unknown task 'chess'"),
@@ -158,16 +160,109 @@ def test_bad_accuracy_settings_fail_before_the_model_loads(tmp_path, lines, erro
         run_sft_recipe(_yaml(tmp_path, "nobody/no-such-model", traces, *lines))
 
 
-def test_size_sweep_recipes_measure_accuracy_on_math500():
-    """The shipped sweep measures accuracy as seed 001 evaluates (MATH validation problems, greedy, 2048 tokens, the
-    traces' intellect prompt in the chat template) with vLLM colocated on the training GPU."""
+def test_the_sft_recipes_validate_on_math_train_held_out_from_math500():
+    """Seed 001's "MATH validation set" is not its test set: the shipped sweep measures accuracy on the last 500
+    problems of MATH train (hiyouga/math12k `train[-500:]`, shipped whole as
+    tests/data/math/math12k_train_last500.jsonl), none of them a MATH-500 problem; greedy, 2048 tokens, the intellect
+    prompt (plain text for the course's prompt / response examples, the chat template for the hub traces), vLLM
+    colocated, at step 0 and every 10%. The course recipes train on its sft.jsonl with no validation-loss set;
+    hub_full on the hub's traces with one."""
+    from trl_ext.evaluation import EvalConfig, load_problems
     from trl_ext.recipes import parse_recipe_args
 
-    for name in ("size_128", "size_256", "size_512", "size_1024", "full"):
+    for name in ("base", "size_128", "size_256", "size_512", "size_1024", "full", "hub_full"):
         script, args, _ = parse_recipe_args(
             "sft", ["--config", str(REPO / "recipes" / "sft" / f"{name}.yaml"), "--use_cpu", "true"]
         )
-        assert (script.accuracy_backend, script.accuracy_task, script.accuracy_split) == ("vllm", "math", "test")
-        assert (script.accuracy_prompt, script.accuracy_chat) == ("intellect", True)
+        assert (script.accuracy_backend, script.accuracy_task, script.accuracy_source) == ("vllm", "math", None)
+        assert (script.accuracy_split, script.accuracy_prompt) == ("train[-500:]", "intellect")
         assert (script.accuracy_temperature, script.accuracy_max_tokens) == (0.0, 2048)
         assert args.eval_strategy == "steps" and math.isclose(args.eval_steps, 0.1) and args.eval_on_start
+        hub = name == "hub_full"
+        assert script.accuracy_chat is hub
+        assert script.dataset_source == ("PrimeIntellect/INTELLECT-MATH-SFT-Data" if hub else "data/MATH/sft.jsonl")
+        splits = ("train[:-1024]", "train[-1024:]") if hub else ("train", "none")
+        assert (script.dataset_split, script.eval_split) == splits
+
+    def problems(path: Path, split: str = "train") -> list[str]:
+        config = EvalConfig(model="-", task="math", data_file=str(path), split=split, prompt="intellect")
+        return [" ".join(row["question"].split()) for row in load_problems(config)[1]]
+
+    validation = problems(shared_path("math", "math12k_train_last500.jsonl"))
+    test = set(problems(shared_path("math", "math500_test.jsonl")))
+    assert len(validation) == 500 and len(test) == 500
+    assert [q for q in validation if q in test] == []
+    assert problems(shared_path("math", "math12k_train_last500.jsonl"), "train[-500:]") == validation
+
+
+# Seed 001's sft.jsonl rows, each a pair whose boundary BPE merges when the two strings are joined ("Hello" + "world",
+# "? " + "The", ":" + "\n\n"): tokenized apart, as the course does, they differ from joined.
+COURSE_ROWS = [
+    ("Problem: 2+5. Say Hello", "world, the answer is \\boxed{7}"),
+    ("What is 3+4? ", "The sum is \\boxed{7}."),
+    ("Compute 1+6:", "\n\nTherefore \\boxed{7}"),
+]
+
+
+def test_course_examples_train_as_tokenize_prompt_and_output_tokenizes_them(tmp_path, qwen3_tokenizer):
+    """Seed 001's `{"prompt", "response"}` examples through the SFT recipe path (recipes/sft/base.yaml: parse ->
+    `load_sft_datasets` -> `build_sft_trainer`, TRL's dataset preparation) are exactly the tokens of the course's
+    `tokenize_prompt_and_output` (`trl_ext.objectives`, the seed's definition): prompt and response tokenized apart,
+    concatenated, no EOS, no chat template, labels -100 on every prompt token and the token itself on every response
+    token. The first optimizer step's loss is the token-mean NLL of the response tokens under the initial weights (a
+    plain forward per row), and with no validation-loss set the evaluations log accuracy alone (steps 0 and 1).
+    Catches TRL's own prompt-completion path (joint tokenization, an appended EOS), a chat template, or a loss on the
+    prompt."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext.objectives import tokenize_prompt_and_output
+    from trl_ext.recipes import parse_recipe_args
+    from trl_ext.recipes.data import load_sft_datasets
+    from trl_ext.recipes.training import build_sft_trainer, validation_accuracy
+    from trl_ext.tiny import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "model", tokenizer=qwen3_tokenizer, hidden_size=32, intermediate_size=64)
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in COURSE_ROWS))
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n" for q, a in PROBLEMS[:2]))
+    config = tmp_path / "sft.yaml"
+    config.write_text("\n".join([
+        f"base: {REPO / 'recipes' / 'sft' / 'base.yaml'}", f"model_name_or_path: {model_dir}", "dtype: float32",
+        f"dataset_source: {data}", "max_length: 128", "per_device_train_batch_size: 3  # all rows in one step",
+        "gradient_accumulation_steps: 1", "max_steps: 1", "learning_rate: 1.0e-3", "lr_scheduler_type: constant",
+        "warmup_steps: 0", "eval_steps: 1", "accuracy_backend: transformers", f"accuracy_source: {problems}",
+        "accuracy_max_tokens: 4", "bf16: false", "use_cpu: true", "gradient_checkpointing: false",
+        "report_to: none", f"output_dir: {tmp_path / 'run'}",
+    ]) + "\n")  # fmt: skip
+    script, training_args, model_args = parse_recipe_args("sft", ["--config", str(config)])
+    train, evaluation = load_sft_datasets(script)
+    assert evaluation is None and train.column_names == ["prompt", "response"]
+    trainer = build_sft_trainer(training_args, model_args, train, None, validation_accuracy(script, training_args))
+
+    joined_differs = 0
+    for (prompt, response), row in zip(COURSE_ROWS, trainer.train_dataset, strict=True):
+        ref = tokenize_prompt_and_output([prompt], [response], qwen3_tokenizer)
+        ids = ref["input_ids"][0].tolist() + ref["labels"][0, -1:].tolist()  # unshift: (T,) tokens of the pair
+        assert row["input_ids"] == ids
+        assert row["labels"][0] == -100
+        assert [label != -100 for label in row["labels"][1:]] == ref["response_mask"][0].tolist()
+        response_ids = ref["labels"][0][ref["response_mask"][0]].tolist()
+        assert [label for label in row["labels"] if label != -100] == response_ids
+        joined_differs += qwen3_tokenizer(prompt + response, add_special_tokens=False)["input_ids"] != ids
+    assert joined_differs == 3  # each row tells tokenizing apart from joined
+
+    initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in trainer.train_dataset:
+            logp = torch.log_softmax(initial(torch.tensor([row["input_ids"]])).logits[0, :-1].double(), dim=-1)
+            for t, label in enumerate(row["labels"][1:]):  # position t predicts token t + 1
+                if label != -100:
+                    total, count = total - logp[t, label].item(), count + 1
+    trainer.train()
+    history = trainer.state.log_history
+    [first] = [e for e in history if "loss" in e]
+    assert first["loss"] == pytest.approx(total / count, abs=1e-4)
+    assert [e["step"] for e in history if f"{KEY}/answer_reward" in e] == [0, 1]
+    assert not [e for e in history if "eval_loss" in e]

@@ -243,6 +243,27 @@ def test_math12k_train(shared_data):
     assert dataset["ground_truth"] == [row["answer"] for row in kept]
 
 
+def test_math_reads_prime_intellects_traces_as_problems(tmp_path):
+    """Seed 001's other SFT test set, Prime Intellect's traces (`messages`: system, user, assistant; `ground_truth`):
+    the question is the user turn, the answer the `ground_truth`; the proof whose ground truth is empty (upstream
+    test row 19, row 5 here) is dropped with a warning as MATH's empty answers are."""
+    from trl_ext.tasks.prompts import format_prompt
+
+    path = shared_path("intellect_math", "test_subset.jsonl")
+    raw = read_jsonl(path)
+    with pytest.warns(UserWarning, match=r"dropped 1 row\(s\) .*rows \[5\]"):
+        dataset = load_task("math", path, prompt="intellect")
+    kept = raw[:5]
+    assert raw[5]["ground_truth"] == "" and len(dataset) == 5
+    assert dataset["question"] == [row["messages"][1]["content"] for row in kept]
+    assert [row["messages"][1]["role"] for row in kept] == ["user"] * 5
+    assert dataset["ground_truth"] == [row["ground_truth"] for row in kept]
+    assert dataset["prompt"] == [format_prompt("intellect", question=q) for q in dataset["question"]]
+    path = write_jsonl(tmp_path / "two_users.jsonl", [{**kept[0], "messages": [*kept[0]["messages"][:2]] * 2}])
+    with pytest.raises(RowError, match=r"two_users\.jsonl: row 0: .*one user turn"):
+        load_task("math", path, prompt="intellect")
+
+
 def test_math_malformed_row_names_file_and_row(tmp_path):
     rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}, {"problem": "", "answer": "0"}]
     path = write_jsonl(tmp_path / "m.jsonl", rows)

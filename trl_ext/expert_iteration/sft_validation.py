@@ -3,14 +3,14 @@ with the current weights and score them with the reward, as seed 001 asks ("vali
 
 `ValidatingSFTTrainer` is `trl.SFTTrainer` plus three things:
 
-1. `evaluate()` runs TRL's (the loss on the validation traces), then `measure_accuracy()`: the problems' prompts
-   (`trl_ext.tasks`, rendered as `trl-ext eval` renders them) -> completions from the current weights
-   (`transformers` `generate`, or vLLM through TRL's own `VLLMGeneration`: an engine colocated on the training GPU
-   or a `trl vllm-serve` server, the weights pushed before each measurement) -> cut at the stop string / EOS / the
-   budget -> reward components (`trl_ext.evaluation.scoring`, the training rewards) -> one log entry with the GRPO
-   recipes' names: `eval_rewards/<reward>_reward/answer_reward` (accuracy), `.../format_reward`, `eval_reward`,
-   `eval_completions/mean_length`, and `eval_runtime` (its seconds). With several processes each generates a
-   shard of the problems and the records are gathered.
+1. `evaluate()` runs TRL's (the loss on the validation traces, when there are any), then `measure_accuracy()`:
+   the problems' prompts (`trl_ext.tasks`, rendered as `trl-ext eval` renders them) -> completions from the current
+   weights (`transformers` `generate`, or vLLM through TRL's own `VLLMGeneration`: an engine colocated on the
+   training GPU or a `trl vllm-serve` server, the weights pushed before each measurement) -> cut at the stop string /
+   EOS / the budget -> reward components (`trl_ext.evaluation.scoring`, the training rewards) -> one log entry with
+   the GRPO recipes' names: `eval_rewards/<reward>_reward/answer_reward` (accuracy), `.../format_reward`,
+   `eval_reward`, `eval_completions/mean_length`, and `eval_runtime` (its seconds). With several processes each
+   generates a shard of the problems and the records are gathered.
 2. `step_time` in each training log entry (mean seconds per optimizer step since the previous log, measured
    between `on_step_begin` and `on_step_end`), as TRL's GRPO logs it, so `trl-ext plot` rebuilds wall-clock time.
 3. `train_loss_drop` in the training metrics (`train_results.json`): `1 - mean(last) / mean(first)` over the first
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import IntervalStrategy
 from trl import SFTTrainer
 
 from trl_ext.evaluation import EvalConfig, cut_samples, eos_token_ids, render_prompts, score_samples, summarize
@@ -124,7 +125,19 @@ class ValidatingSFTTrainer(SFTTrainer):
     """
 
     def __init__(self, *args, accuracy: ValidationAccuracy | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+        training_args = kwargs.get("args")
+        # Accuracy alone (no validation loss set, as seed 001's course runs it): HF's Trainer refuses evaluations
+        # without an eval_dataset at construction, though `evaluate` below needs none; it reads the strategy
+        # again only in the training loop.
+        accuracy_only = accuracy is not None and kwargs.get("eval_dataset") is None and training_args is not None
+        strategy = training_args.eval_strategy if accuracy_only else None
+        if accuracy_only:
+            training_args.eval_strategy = IntervalStrategy.NO
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            if accuracy_only:
+                training_args.eval_strategy = strategy
         self.accuracy = accuracy
         self._timer = _StepTimer()
         self.add_callback(self._timer)
@@ -151,6 +164,10 @@ class ValidatingSFTTrainer(SFTTrainer):
             measured = self.measure_accuracy()
             self.log(measured)
             metrics.update(measured)
+            if eval_dataset is None and self.eval_dataset is None:
+                # What HF's `evaluate` would have done: tell the callbacks, which clears `should_evaluate` (else
+                # the epoch's end measures the same step again).
+                self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
     def measure_accuracy(self) -> dict[str, float]:

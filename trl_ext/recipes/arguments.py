@@ -137,9 +137,10 @@ class SFTScriptArguments:
     dataset_source: str = field(
         default=SFT_DEFAULT_DATASET,
         metadata={
-            "help": "Reasoning traces: a hub dataset id or local .jsonl/.parquet file whose rows hold `messages` "
-            "(system?, user, assistant). Trained as prompt (all but the last assistant turn) -> completion "
-            "(the last assistant turn), loss on the completion only."
+            "help": "SFT examples: a hub dataset id or local .jsonl/.parquet file whose rows hold seed 001's "
+            "`prompt` and `response` strings (tokenized separately, concatenated as plain text) or `messages` "
+            "(system?, user, assistant: prompt = all but the last assistant turn -> completion = the last assistant "
+            "turn, through the chat template); loss on the response / completion only."
         },
     )
     dataset_split: str = field(default="train[:-1024]", metadata={"help": "Training split (datasets' slicing)."})
@@ -165,13 +166,23 @@ class SFTScriptArguments:
     accuracy_source: str | None = field(
         default=None, metadata={"help": "Accuracy problems: a local .jsonl/.parquet file; None: the task's hub set."}
     )
-    accuracy_split: str = field(default="test", metadata={"help": "Split of the accuracy problems (MATH: MATH-500)."})
+    accuracy_split: str = field(
+        default="train[-500:]",
+        metadata={
+            "help": "Split of the accuracy problems. Default: seed 001's MATH validation, the last 500 problems of "
+            "MATH train (hiyouga/math12k), none of them in MATH-500 ('test', the seed's test set)."
+        },
+    )
     accuracy_limit: int | None = field(default=None, metadata={"help": "Measure on the first N problems (all: None)."})
     accuracy_prompt: str = field(
         default="intellect", metadata={"help": "Prompt of the accuracy problems (the traces' own: intellect)."}
     )
     accuracy_chat: bool = field(
-        default=True, metadata={"help": "Render the accuracy prompts with the tokenizer's chat template (as traced)."}
+        default=False,
+        metadata={
+            "help": "Render the accuracy prompts with the tokenizer's chat template: true for `messages` traces "
+            "(trained through it); seed 001's prompt / response examples are plain text (false)."
+        },
     )
     accuracy_max_tokens: int = field(default=2048, metadata={"help": "Generation budget (seed 001: 2048)."})
     accuracy_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0: greedy (seed 001)."})

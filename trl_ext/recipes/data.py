@@ -1,4 +1,5 @@
-"""Recipe datasets: GRPO problems through `trl_ext.tasks`, SFT traces as prompt-completion conversations."""
+"""Recipe datasets: GRPO problems through `trl_ext.tasks`; SFT examples as seed 001's prompt / response strings or as
+prompt-completion conversations."""
 
 from __future__ import annotations
 
@@ -64,10 +65,13 @@ def _require_rows(dataset, source, split, field_prefix: str) -> None:
 
 
 def load_sft_dataset(source: str, split: str, limit: int | None = None):
-    """Reasoning traces as TRL prompt-completion conversations (loss on the completion only).
+    """SFT examples in one of two layouts, checked row by row.
 
-    Each row's `messages` (a list of `{"role", "content"}`) is split into `prompt` = every message before the
-    last one and `completion` = [the last message], which must be the assistant's. Other columns are dropped.
+    - Seed 001's course format (its `sft.jsonl`): rows `{"prompt": str, "response": str}`, kept as the two strings;
+      `tokenize_prompt_response` turns them into training rows as the course does (plain text, no chat template).
+    - Reasoning traces: rows with `messages` (a list of `{"role", "content"}`), split into TRL prompt-completion
+      conversations, `prompt` = every message before the last one and `completion` = [the last message], which
+      must be the assistant's (trained through the model's chat template). Other columns are dropped.
 
     Args:
         source: hub dataset id or a local .jsonl / .json / .parquet file.
@@ -75,8 +79,8 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
         limit: keep the first N rows.
 
     Raises:
-        RecipeError: a row without `messages`, or whose last message is not a non-empty assistant turn, naming
-            the source and the row index.
+        RecipeError: rows in neither layout, a `prompt` / `response` that is not a non-empty string, or `messages`
+            whose last message is not a non-empty assistant turn, naming the source and the row index.
     """
     from datasets import load_dataset
 
@@ -88,10 +92,20 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
         dataset = load_dataset(builder, data_files={"train": str(path)}, split=_on_train_split(split))
     else:
         dataset = load_dataset(source, split=split)
-    if "messages" not in dataset.column_names:
-        raise RecipeError(f"{source}: SFT data needs a `messages` column; found {dataset.column_names}")
+    columns = dataset.column_names
+    if "messages" not in columns and not {"prompt", "response"} <= set(columns):
+        raise RecipeError(
+            f"{source}: SFT data needs `prompt` and `response` strings (seed 001's sft.jsonl) or a `messages` "
+            f"column; found {columns}"
+        )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
+    if "messages" not in columns:
+        for index, row in enumerate(dataset):
+            for name in ("prompt", "response"):
+                if not isinstance(row[name], str) or not row[name].strip():
+                    raise RecipeError(f"{source}: row {index}: `{name}` must be a non-empty string, got {row[name]!r}")
+        return dataset.select_columns(["prompt", "response"])
     for index, messages in enumerate(dataset["messages"]):
         last = messages[-1] if messages else None
         if not last or last.get("role") != "assistant" or not str(last.get("content") or "").strip():
@@ -105,8 +119,32 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
     )
 
 
+def is_prompt_response(dataset) -> bool:
+    """Whether `dataset` (from `load_sft_dataset`) holds seed 001's `{"prompt", "response"}` strings."""
+    return dataset is not None and "response" in dataset.column_names
+
+
+def tokenize_prompt_response(dataset, tokenizer):
+    """Seed 001's SFT rows as the course tokenizes them (`tokenize_prompt_and_output`): the prompt and the response
+    tokenized separately, without special tokens (no BOS, no EOS added), and concatenated; no chat template.
+
+    Returns:
+        A dataset of `input_ids = tok(prompt) + tok(response)` and `completion_mask = [0] * len(tok(prompt)) +
+        [1] * len(tok(response))`, which TRL's `SFTTrainer` trains on as is (labels -100 on the prompt with
+        `completion_only_loss`; no EOS appended: the course's examples carry none).
+    """
+
+    def tokenize(row: dict) -> dict:
+        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        response = tokenizer(row["response"], add_special_tokens=False)["input_ids"]
+        return {"input_ids": prompt + response, "completion_mask": [0] * len(prompt) + [1] * len(response)}
+
+    return dataset.map(tokenize, remove_columns=dataset.column_names)
+
+
 def load_sft_datasets(script_args: SFTScriptArguments):
-    """Training and validation traces of an SFT recipe; validation is None when `eval_split` is 'none'."""
+    """Training and validation examples of an SFT recipe (one layout for both); validation is None when
+    `eval_split` is 'none'."""
     train = load_sft_dataset(script_args.dataset_source, script_args.dataset_split, script_args.limit)
     _require_rows(train, script_args.dataset_source, script_args.dataset_split, "dataset")
     if _is_disabled(script_args.eval_split):
@@ -114,6 +152,11 @@ def load_sft_datasets(script_args: SFTScriptArguments):
     source = script_args.eval_source or script_args.dataset_source
     evaluation = load_sft_dataset(source, script_args.eval_split, script_args.eval_limit)
     _require_rows(evaluation, source, script_args.eval_split, "eval")
+    if is_prompt_response(train) != is_prompt_response(evaluation):
+        raise RecipeError(
+            f"dataset_source {script_args.dataset_source} and eval_source {source} hold different SFT layouts "
+            "(prompt / response strings against messages): the validation loss must see what training sees"
+        )
     return train, evaluation
 
 

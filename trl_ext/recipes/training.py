@@ -103,10 +103,8 @@ def validation_accuracy(script_args, training_args):
             raise RecipeError(f"{name}={getattr(script_args, name)!r} has no effect with accuracy_backend={backend!r}")
     if backend == "none":
         return None
-    if str(script_args.eval_split).lower() in ("none", "no", "") or str(training_args.eval_strategy) == "no":
-        raise RecipeError(
-            f"accuracy_backend={backend!r} measures at the evaluations: give an eval_split and an eval_strategy"
-        )
+    if training_args.eval_strategy == "no":
+        raise RecipeError(f"accuracy_backend={backend!r} measures at the evaluations: give an eval_strategy")
     settings = {key: getattr(script_args, name) for key, name in ACCURACY_FIELDS.items()}
     try:
         config = EvalConfig(model="(the policy)", backend=backend, seed=training_args.seed, ns=(1,), **settings)
@@ -126,20 +124,36 @@ def validation_accuracy(script_args, training_args):
 def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, accuracy=None):
     """`trl_ext.expert_iteration.sft_validation.ValidatingSFTTrainer` (TRL's SFTTrainer, plus validation accuracy
     when `accuracy` is given, and `step_time`) for a parsed SFT recipe; TRL loads the model from
-    `model_name_or_path`."""
+    `model_name_or_path`. Seed 001's `{"prompt", "response"}` examples are tokenized here as the course does
+    (`trl_ext.recipes.data.tokenize_prompt_response`, with the model's tokenizer); without validation examples the
+    evaluations measure accuracy alone."""
     from trl import get_peft_config, get_quantization_config
 
     from trl_ext.expert_iteration.sft_validation import ValidatingSFTTrainer
+    from trl_ext.recipes.data import is_prompt_response, tokenize_prompt_response
 
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    if eval_dataset is None and training_args.eval_strategy != "no":
+    if eval_dataset is None and accuracy is None and training_args.eval_strategy != "no":
         training_args.eval_strategy = "no"
+    tokenizer = None
+    if is_prompt_response(train_dataset):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+        )
+        train_dataset = tokenize_prompt_response(train_dataset, tokenizer)
+        if eval_dataset is not None:
+            eval_dataset = tokenize_prompt_response(eval_dataset, tokenizer)
     return ValidatingSFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
         accuracy=accuracy,

@@ -23,6 +23,15 @@ COLUMNS = ["prompt", "question", "ground_truth"]
 EXTRA_COLUMNS = ("solution", "subject", "level", "unique_id")
 
 
+def _user_turn(messages: Any) -> Any:
+    """The content of the one user message of a trace's `messages` (its question); KeyError naming the field
+    otherwise."""
+    users = [m.get("content") for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"]
+    if len(users) != 1:
+        raise KeyError(f"messages: one user turn (the question), found {len(users)}")
+    return users[0]
+
+
 def _missing_answer(answer: Any) -> bool:
     """An `answer` string that holds no answer: empty, or what a missing value becomes when written out."""
     return isinstance(answer, str) and (not answer.strip() or answer.strip().lower() in MISSING_MARKERS)
@@ -41,7 +50,9 @@ def load_math(
 
     Args:
         source: local `.jsonl` with `problem` (or `question`) and `answer`, a `datasets.Dataset`, or a Hub id.
-            Default: `hiyouga/math12k` for split `train`, `HuggingFaceH4/MATH-500` for any other split.
+            Default: `hiyouga/math12k` for split `train`, `HuggingFaceH4/MATH-500` for any other split. Prime
+            Intellect's SFT traces (`messages` with one user turn, `ground_truth`: seed 001's SFT test set) load as
+            the user turn's question and the `ground_truth` answer.
         split: Hub split.
         prompt: `r1_zero`, `question_only` or `intellect` (a system prompt; see `trl_ext.tasks.prompts`).
         chat: chat messages instead of plain text.
@@ -64,7 +75,8 @@ def load_math(
     # hiyouga/math12k has two problems whose `answer` is "" (train rows 1165 and 8125) and two whose `answer` is the
     # string "None" (rows 4012 and 10891: a missing value written out; their true answers are 2 and 9). Nothing can
     # grade them, and failing would make the real training set unloadable, so they are dropped loudly.
-    missing = {i for i, row in rows if _missing_answer(row.get("answer"))}
+    # Prime Intellect's test traces hold three proofs whose `ground_truth` is "" (rows 19, 46 and 129): dropped alike.
+    missing = {i for i, row in rows if _missing_answer(row.get("ground_truth" if "messages" in row else "answer"))}
     if missing:
         warnings.warn(
             f"{origin}: dropped {len(missing)} row(s) with an empty or missing-value 'answer' (nothing to grade): "
@@ -75,11 +87,16 @@ def load_math(
     extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0][1]]
 
     def convert(row: dict) -> dict:
-        question = as_text(first_field(row, ("problem", "question")), "problem")
+        if "messages" in row:  # Prime Intellect's traces (seed 001's SFT test set): the user turn, `ground_truth`
+            question = as_text(_user_turn(row["messages"]), "messages")
+            answer = as_text(first_field(row, ("ground_truth",)), "ground_truth")
+        else:
+            question = as_text(first_field(row, ("problem", "question")), "problem")
+            answer = as_text(first_field(row, ("answer",)), "answer")
         out = {
             "prompt": format_prompt(prompt, chat=chat, question=question),
             "question": question,
-            "ground_truth": as_text(first_field(row, ("answer",)), "answer"),
+            "ground_truth": answer,
         }
         out.update({name: row.get(name) for name in extras})
         return out
