@@ -82,9 +82,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
     one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
 
-    `trl_ext.grpo.finished.FinishedCompletionsMixin` (just above TRL's) counts a completion that ended at a stop string
-    as finished, not truncated, in `completions/clipped_ratio`, the terminated-length metrics and
-    `mask_truncated_completions`.
+    `trl_ext.grpo.finished.FinishedCompletionsMixin` counts a completion that ended at a stop string as finished, not
+    truncated, in `completions/clipped_ratio`, the terminated-length metrics and `mask_truncated_completions`: with
+    vLLM by vLLM's own `finish_reason` (`trl_ext.grpo.finish_reasons`), else by the token tail.
 
     `trl_ext.grpo.async_rollouts.AsyncRolloutsMixin` (innermost) requests the next generation batch from the vLLM
     server while this one trains (`async_rollouts`), tagging each row with its `policy_version`.
