@@ -10,7 +10,7 @@ where the decode differs from vLLM's (a special-token stop string under `skip_sp
 vLLM skipped an earlier match (a stop string inside `min_tokens`).
 
 `install_finish_reasons` wraps three methods of one `VLLMGeneration` and its client or engine (instances only; TRL's
-classes are left alone):
+classes are left alone; `ReasonRecorder.watch_client` / `watch_engine` are the first two):
 
 - server, main process: `vllm_client._post` records `(finish_reason, stop_reason)` of each choice of a
   `/v1/completions` answer, in the order TRL reads `token_ids` from the same choices;
