@@ -42,6 +42,7 @@ METRICS = (
     "async/wait_seconds",  # the trainer blocked on the server: its answer, and its end before a weight push
     "async/generate_seconds",  # the server answering this batch's request
     "async/sync_seconds",  # pushing the weights into the server
+    "async/dropped",  # requests sent ahead and not used so far (stale, or not the request TRL made)
 )
 
 
@@ -194,9 +195,11 @@ class AsyncRolloutsMixin:
     def _prepare_inputs(self, generation_batch):
         state = self._rollouts
         if state is not None and state.phase and self.model.training and self._step % state.every == state.phase:
-            waited, pushed = self._push_weights()
-            state.unlogged = (state.unlogged[0] + waited, state.unlogged[1] + pushed)
-            self._request_ahead()
+            rows = self._rows_to_request()
+            if rows is not None:  # the request samples from the policy of now: push it first
+                waited, pushed = self._push_weights()
+                state.unlogged = (state.unlogged[0] + waited, state.unlogged[1] + pushed)
+                self._request_ahead(rows)
         return super()._prepare_inputs(generation_batch)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -208,8 +211,9 @@ class AsyncRolloutsMixin:
         result = super()._generate_single_turn(*turn)  # TRL's: no push left to do; the request may be replayed
         if self.model.training:
             self._record_generation(waited, pushed)
-            if state.phase == 0:
-                self._request_ahead()
+            rows = self._rows_to_request() if state.phase == 0 else None
+            if rows is not None:
+                self._request_ahead(rows)
         return result
 
     def _generate_and_score_completions(self, inputs):
@@ -253,6 +257,7 @@ class AsyncRolloutsMixin:
         record = None
         if served is not None:
             record = (served.version, served.prefetched, served.generate_seconds, served.wait_seconds)
+            record += (state.layer.discarded,)
         if self.accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -261,7 +266,7 @@ class AsyncRolloutsMixin:
             record = box[0]
         if record is None:
             raise RuntimeError("async rollouts: the main process saw no completions request for this generation")
-        version, prefetched, generated, answer_wait = record
+        version, prefetched, generated, answer_wait, dropped = record
         state.version = version
         # A push mid-batch (max_staleness < m) is counted with the next generation.
         waited, pushed = waited + state.unlogged[0], pushed + state.unlogged[1]
@@ -271,22 +276,26 @@ class AsyncRolloutsMixin:
         metrics["async/wait_seconds"].append(waited + answer_wait)
         metrics["async/generate_seconds"].append(generated)
         metrics["async/sync_seconds"].append(pushed)
+        metrics["async/dropped"].append(float(dropped))
 
-    def _request_ahead(self) -> None:
-        """Ask the server for the next generation batch in the background (main process), if its prompts are read
-        and it will be trained on; the prompts are tokenized as TRL does and gathered on every process."""
+    def _rows_to_request(self) -> list | None:
+        """This process's dataloader rows of the next generation batch, when it is to be requested now: read already
+        (not past the epoch's end), not requested yet, and scored before the last step. The same on every process."""
+        state = self._rollouts
+        target = self._step - self._step % state.every + state.every  # the micro-step that will need it
+        if state.requested == target:
+            return None
+        state.requested = target
+        if self.state.global_step + state.staleness >= self.state.max_steps:
+            return None  # it would be scored after the last step
+        return state.lookahead(target)  # None past the epoch's end: generated on demand then
+
+    def _request_ahead(self, rows: list) -> None:
+        """Ask the server for the generation batch of `rows` in the background (main process). Every process
+        tokenizes its rows as TRL does; the prompts are gathered to the main process (a collective)."""
         from accelerate.utils import gather_object
 
         state = self._rollouts
-        target = self._step - self._step % state.every + state.every
-        if state.requested == target:
-            return
-        state.requested = target
-        if self.state.global_step + state.staleness >= self.state.max_steps:
-            return  # the batch would be scored after the last step
-        rows = state.lookahead(target)
-        if rows is None:
-            return  # the epoch ends first: its next batch is generated on demand (same on every process)
         prompts = copy.deepcopy([row["prompt"] for row in rows])
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         every_prompt = gather_object(prompt_ids) if self.accelerator.num_processes > 1 else list(prompt_ids)

@@ -66,7 +66,8 @@ def is_stale(version: int, global_step: int, max_staleness: int) -> bool:
 
 def background_post(client) -> Callable[[str, dict], dict]:
     """A POST with its own `requests.Session` and the client's retry policy (the background thread never shares
-    the main thread's session), failing as `VLLMClient._post` does on a non-200 answer."""
+    the main thread's session), failing as `VLLMClient._post` does on a non-200 answer. Returns the parsed answer and
+    the seconds until it arrived (parsing is this process's work, and may wait for the trainer's thread)."""
     import requests
     from requests.adapters import HTTPAdapter
 
@@ -74,11 +75,13 @@ def background_post(client) -> Callable[[str, dict], dict]:
     for prefix, adapter in client.session.adapters.items():
         session.mount(prefix, HTTPAdapter(max_retries=adapter.max_retries))
 
-    def post(url: str, payload: dict) -> dict:
+    def post(url: str, payload: dict) -> tuple[dict, float]:
+        started = time.perf_counter()
         response = session.post(url, json=payload)
+        seconds = time.perf_counter() - started  # the server's answer, before this process parses it
         if response.status_code != 200:
             raise RuntimeError(f"vLLM server request {url} failed: {response.status_code}, {response.text}")
-        return response.json()
+        return response.json(), seconds
 
     return post
 
@@ -87,10 +90,10 @@ class RolloutWorker:
     """At most one generation request in flight, on a daemon thread (an abandoned request never blocks exit).
 
     Args:
-        post: `post(url, payload) -> answer`, called on the background thread.
+        post: `post(url, payload) -> (answer, seconds the server took)`, called on the background thread.
     """
 
-    def __init__(self, post: Callable[[str, dict], dict]):
+    def __init__(self, post: Callable[[str, dict], tuple[dict, float]]):
         self._post = post
         self.pending: Prefetch | None = None
 
@@ -103,12 +106,11 @@ class RolloutWorker:
         def run():
             started = time.perf_counter()
             try:
-                answer = self._post(url, payload)
+                answer, prefetch.seconds = self._post(url, payload)
             except BaseException as error:  # handed to the main thread, which raises it
                 prefetch.seconds = time.perf_counter() - started
                 prefetch.future.set_exception(error)
             else:
-                prefetch.seconds = time.perf_counter() - started
                 prefetch.future.set_result(answer)
 
         threading.Thread(target=run, name="trl-ext-rollout", daemon=True).start()

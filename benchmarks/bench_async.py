@@ -1,0 +1,379 @@
+"""Synchronous vs asynchronous GRPO in the CPU server layout, side by side in one run: time per step, each side's idle
+share, and held-out accuracy after the same number of samples (issue 30 item 4).
+
+The layout: a real `trl vllm-serve` (vLLM's CPU build, gloo weight transfer, `trl_ext.grpo.weight_transfer`) pinned
+to core 0, the trainer pinned to core 1, so the two sides are two devices. The task and model are the embedded
+demo's (Countdown with 3 numbers, compact prompts, a character-level Qwen3 with 2 heads of 64 so the CPU engine
+takes it), warm-started by the demo's SFT once; both arms then run GRPO from that checkpoint with the same seed,
+data order, batch and step count:
+
+- `sync`: `async_rollouts: true, max_staleness: 0`, TRL's synchronous path request for request (the equivalence
+  test, tests/vllm_async_checks.py, shows the same losses, gradients and weights as `async_rollouts: false`);
+  it records where each step's time goes, from which the ideal overlap follows;
+- `async`: `max_staleness: 1`, the next batch generated while this one trains.
+
+Reported (benchmarks/results/async.json): `sync_seconds_per_step`, `async_seconds_per_step` (mean wall per optimizer
+step after `--warmup` steps), `speedup` = sync / async, `ideal_speedup` = (generation + training) / max(generation,
+training) per synchronous step (generation: the server answering the step's request; training: the rest of the
+step, weight push included), each side's idle share per arm, and `heldout_sync`, `heldout_async` (mean accuracy of
+`--eval-samples` samples per held-out problem at temperature 1) with `heldout_z`, the paired z over problems of
+async minus sync. Goal: speedup >= 0.9 x ideal_speedup; >= 1.5 when the sides are balanced; heldout_z >= -1.
+
+    python benchmarks/bench_async.py                 # the measurement (quiet 2-core machine; about 15 minutes)
+    python benchmarks/bench_async.py --quick         # a dry run of every phase at toy size (a few minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _runs import child_env  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "async.json"
+SERVER_FLAGS = ["--dtype", "float32", "--max_model_len", "64", "--enforce_eager", "--kv-cache-memory-bytes",
+                str(256 * 2**20), "--logprobs-mode", "processed_logprobs"]  # fmt: skip
+ARMS = {"sync": 0, "async": 1}  # max_staleness
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=150, help="GRPO optimizer steps per arm.")
+    p.add_argument("--batch", type=int, default=64, help="Completions per step (one generation batch).")
+    p.add_argument("--group", type=int, default=8, help="Completions per prompt.")
+    p.add_argument("--completion-length", type=int, default=24, help="Longest completion in tokens.")
+    p.add_argument("--learning-rate", type=float, default=2e-4)
+    p.add_argument("--sft-steps", type=int, default=300, help="Warm-start SFT steps (the demo's).")
+    p.add_argument("--eval-samples", type=int, default=4, help="Samples per held-out problem.")
+    p.add_argument("--eval-problems", type=int, default=512, help="Held-out problems (the demo's fixed set).")
+    p.add_argument("--warmup", type=int, default=3, help="First steps left out of the time per step.")
+    p.add_argument("--repeats", type=int, default=1, help="Runs per arm, in ABBA order (sync async async sync).")
+    p.add_argument("--init-model", default="", help="Start from this checkpoint (skips SFT).")
+    p.add_argument("--work", default=str(ROOT / "runs" / "bench_async"), help="Run folder.")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--port", type=int, default=18457)
+    p.add_argument("--quick", action="store_true", help="Toy size: every phase, nothing worth quoting.")
+    p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)  # internal: one arm, in a child
+    p.add_argument("--run", default="", help=argparse.SUPPRESS)  # internal: the arm's record name
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch, args.sft_steps, args.eval_problems, args.eval_samples = 6, 32, 20, 64, 2
+        args.warmup = 1
+    return args
+
+
+def demo_config(args):
+    from trl_ext.demo import DemoConfig
+
+    # The demo's model with 2 heads of 64 (the CPU engine refuses head_dim 32) and its problems.
+    return DemoConfig(num_heads=2, num_kv_heads=1, num_eval_problems=args.eval_problems, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------------- one arm (child)
+
+
+def run_arm(args) -> None:
+    """GRPO from the warm start against the server, then held-out evaluation; writes WORK/<run>.json."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+    from trl_ext.demo import grpo_dataset, make_splits, split_labelled
+    from trl_ext.demo.heldout import evaluate
+    from trl_ext.rewards import CountdownReward
+
+    torch.set_num_threads(1)
+    work, cfg = Path(args.work), demo_config(args)
+    train, held_out = make_splits(cfg)
+    _, unlabelled = split_labelled(train, cfg.num_labelled)
+    tokenizer = AutoTokenizer.from_pretrained(args.init_model)
+    model = AutoModelForCausalLM.from_pretrained(args.init_model, dtype=torch.float32)
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            marks.append(time.perf_counter())
+
+    config = AblationGRPOConfig(
+        output_dir=str(work / args.run),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=cfg.seed,
+        group_size=args.group,
+        rollout_batch_size=args.batch,
+        train_batch_size=args.batch,
+        advantage_type="group_mean_std",
+        advantage_eps=1e-6,
+        pg_loss_type="grpo_clip",
+        epsilon=0.2,
+        length_normalization="masked_mean",
+        beta=0.0,
+        max_steps=args.steps,
+        max_completion_length=args.completion_length,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="linear",
+        adam_beta2=0.99,
+        max_grad_norm=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        skip_zero_advantage_completions=True,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=f"http://127.0.0.1:{args.port}",
+        vllm_group_port=args.port + 1,
+        vllm_importance_sampling_correction=True,
+        async_rollouts=True,
+        max_staleness=ARMS[args.arm],
+    )
+    trainer = AblationGRPOTrainer(
+        model=model,
+        reward_funcs=[CountdownReward(require_all=True)],
+        args=config,
+        train_dataset=grpo_dataset(unlabelled),
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    trainer.vllm_generation.vllm_client.close_communicator()
+    logs = [h for h in trainer.state.log_history if "async/wait_seconds" in h]
+    walls = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    heldout = evaluate(model, tokenizer, held_out, args.eval_samples, args.completion_length)
+    record = {
+        "step_walls": walls,
+        "metrics": {
+            k: [h.get(k) for h in logs]
+            for k in (
+                "async/wait_seconds",
+                "async/generate_seconds",
+                "async/sync_seconds",
+                "async/staleness",
+                "async/prefetched",
+                "reward",
+                "sampling/importance_sampling_ratio/mean",
+            )
+        },  # fmt: skip
+        "heldout": {
+            k: heldout[k] for k in ("greedy_accuracy", "sampled_accuracy", "greedy_correct", "sampled_correct")
+        },
+        "eval_samples": args.eval_samples,
+    }
+    (work / f"{args.run}.json").write_text(json.dumps(record))
+
+
+# ---------------------------------------------------------------------------------------------------- the comparison
+
+
+def step_stats(records: list[dict], warmup: int) -> dict:
+    """Mean wall per step after `warmup` (pooled over an arm's runs), and where it went: the server generating or
+    taking weights, the trainer blocked on the server."""
+    walls = [w for r in records for w in r["step_walls"][warmup:]]
+
+    def total(key: str) -> float:
+        return sum(v for r in records for v in r["metrics"][key][warmup:])
+
+    wall, generate, push, wait = (
+        sum(walls),
+        total("async/generate_seconds"),
+        total("async/sync_seconds"),
+        total("async/wait_seconds"),
+    )
+    rewards = [v for r in records for v in r["metrics"]["reward"]]
+    return {
+        "runs": len(records),
+        "steps": len(walls),
+        "seconds_per_step": wall / len(walls),
+        "runs_seconds_per_step": [sum(r["step_walls"][warmup:]) / len(r["step_walls"][warmup:]) for r in records],
+        "generate_seconds_per_step": generate / len(walls),
+        "sync_seconds_per_step": push / len(walls),
+        "trainer_idle_fraction": wait / wall,  # blocked on the server's answer (or its end before a push)
+        "server_idle_fraction": 1 - (generate + push) / wall,  # neither generating nor taking weights
+        "staleness_mean": total("async/staleness") / len(walls),
+        "reward_mean": sum(rewards) / len(rewards),
+    }
+
+
+def heldout_per_problem(records: list[dict]) -> list[float]:
+    """Per held-out problem, the share of correct samples, averaged over an arm's runs."""
+    k = records[0]["eval_samples"]
+    counts = [r["heldout"]["sampled_correct"] for r in records]
+    return [sum(c) / (k * len(c)) for c in zip(*counts, strict=True)]
+
+
+def paired_z(a: list[float], b: list[float]) -> float:
+    """z of the mean per-problem difference b - a (paired over problems); 0 when every difference is 0."""
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    return 0.0 if var == 0 else mean / math.sqrt(var / n)
+
+
+def compare(sync: list[dict], asyn: list[dict], warmup: int) -> dict:
+    s, a = step_stats(sync, warmup), step_stats(asyn, warmup)
+    generation = s["generate_seconds_per_step"]
+    training = s["seconds_per_step"] - generation  # scoring, the update and the weight push
+    ideal = s["seconds_per_step"] / max(generation, training)
+    acc_s, acc_a = heldout_per_problem(sync), heldout_per_problem(asyn)
+    speedup = s["seconds_per_step"] / a["seconds_per_step"]
+    return {
+        "sync_seconds_per_step": s["seconds_per_step"],
+        "async_seconds_per_step": a["seconds_per_step"],
+        "speedup": speedup,
+        "ideal_speedup": ideal,
+        "speedup_over_ideal": speedup / ideal,
+        "sync_generation_seconds_per_step": generation,
+        "sync_training_seconds_per_step": training,
+        "sync_trainer_idle_fraction": s["trainer_idle_fraction"],
+        "sync_server_idle_fraction": s["server_idle_fraction"],
+        "async_trainer_idle_fraction": a["trainer_idle_fraction"],
+        "async_server_idle_fraction": a["server_idle_fraction"],
+        "heldout_sync": sum(acc_s) / len(acc_s),
+        "heldout_async": sum(acc_a) / len(acc_a),
+        "heldout_z": paired_z(acc_s, acc_a),
+        "heldout_greedy_sync": sum(r["heldout"]["greedy_accuracy"] for r in sync) / len(sync),
+        "heldout_greedy_async": sum(r["heldout"]["greedy_accuracy"] for r in asyn) / len(asyn),
+        "arms": {"sync": s, "async": a},
+    }
+
+
+# A fixed single-thread torch workload, timed alone on each core and on both at once: how independent the two cores
+# are (a 2-vCPU VM may be one physical core's two SMT threads, which share its execution units).
+BURN = (
+    "import time, torch; torch.set_num_threads(1); a = torch.randn(256, 256); n = 0; t = time.perf_counter()\n"
+    "while time.perf_counter() - t < 3: a = torch.tanh(a @ a); n += 1\n"
+    "print(n / (time.perf_counter() - t))"
+)
+
+
+def core_overlap() -> dict:
+    """Iterations per second of `BURN` on core 0 and core 1 alone, then on both at once (`parallel_efficiency`:
+    the concurrent rate over the alone rate, 1.0 for two independent cores)."""
+
+    def burn(cores: list[str]) -> list[float]:
+        procs = [subprocess.Popen(["taskset", "-c", c, sys.executable, "-c", BURN], env=child_env(),
+                                  stdout=subprocess.PIPE, text=True) for c in cores]  # fmt: skip
+        return [float(p.communicate()[0]) for p in procs]
+
+    alone = burn(["0"]) + burn(["1"])
+    both = burn(["0", "1"])
+    return {"alone": alone, "both": both, "parallel_efficiency": sum(both) / sum(alone)}
+
+
+def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
+    """`trl vllm-serve` pinned to core 0, with the gloo weight transfer; returns once `/health/` answers."""
+    from trl_ext.grpo.weight_transfer import server_args
+
+    trl = Path(sys.executable).with_name("trl")
+    argv = ["taskset", "-c", "0", str(trl), "vllm-serve", "--model", model, "--port", str(port), *SERVER_FLAGS]
+    argv += server_args()
+    print("$", " ".join(argv), f"> {log}", flush=True)
+    out = open(log, "w")  # noqa: SIM115 -- lives as long as the server
+    proc = subprocess.Popen(argv, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=5) as answer:
+                if answer.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(2)
+    stop_server(proc)
+    raise RuntimeError(f"the server did not answer /health/ within 900 s; see {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def child(argv: list[str], log: Path, cores: str) -> float:
+    cmd = ["taskset", "-c", cores, sys.executable, *argv]
+    print("$", " ".join(cmd), f"> {log}", flush=True)
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{' '.join(argv[:3])} failed ({proc.returncode}); last lines of {log}:\n{tail}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    args = parse_args()
+    if args.arm:
+        return run_arm(args)
+    started = time.perf_counter()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    walls = {}
+    overlap = core_overlap()
+    print(f"core overlap: {overlap}", flush=True)
+    if not args.init_model:  # the demo's SFT warm start, on both cores (set-up, not compared)
+        sft = work / "sft"
+        flags = ["-m", "trl_ext.demo", "--output_dir", str(sft), "--grpo_steps", "0", "--num_heads", "2",
+                 "--num_kv_heads", "1", "--sft_steps", str(args.sft_steps), "--num_eval_problems",
+                 str(args.eval_problems), "--eval_samples", "0", "--curve_points", "0", "--no-control", "--no-wandb",
+                 "--threads", "2"]  # fmt: skip
+        walls["sft"] = child(flags, work / "sft.log", "0,1")
+        args.init_model = str(sft / "sft_model")
+    t = time.perf_counter()
+    server = start_server(args.init_model, args.port, work / "server.log")
+    walls["server_start"] = time.perf_counter() - t
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("arm", "run", "quick", "out")]
+    order = ["sync", "async", "async", "sync"] * args.repeats
+    runs = [f"{arm}{i // 2}" for i, arm in enumerate(order[: 2 * args.repeats])]  # sync0 async0 async1 sync1 ...
+    try:
+        for run in runs:
+            arm = run.rstrip("0123456789")
+            walls[run] = child([__file__, f"--arm={arm}", f"--run={run}", *passed], work / f"{run}.log", "1")
+    finally:
+        stop_server(server)
+    records = {arm: [json.loads((work / f"{r}.json").read_text()) for r in runs if r.startswith(arm)] for arm in ARMS}
+    result = compare(records["sync"], records["async"], args.warmup)
+    result["setting"] = {k: v for k, v in vars(args).items() if k not in ("arm", "run", "out", "work", "port")}
+    result["core_overlap"] = overlap
+    result["walls"] = walls
+    result["total_wall_seconds"] = time.perf_counter() - started
+    result["machine"] = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "platform": platform.platform()}
+    result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                      text=True).stdout.strip()  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    keys = ["sync_seconds_per_step", "async_seconds_per_step", "speedup", "ideal_speedup", "speedup_over_ideal",
+            "sync_trainer_idle_fraction", "sync_server_idle_fraction", "async_trainer_idle_fraction",
+            "async_server_idle_fraction", "heldout_sync", "heldout_async", "heldout_z"]  # fmt: skip
+    for key in keys:
+        print(f"{key:32s} {result[key]:.4f}")
+    print(f"core parallel efficiency {overlap['parallel_efficiency']:.3f}; wrote {args.out} "
+          f"({result['total_wall_seconds']:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
