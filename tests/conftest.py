@@ -71,6 +71,7 @@ def tiny_model(char_tokenizer):
 LONGEST_FIRST = (
     "test_evaluation_smollm2.py",  # a real 135M model generating 128 samples
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
+    "test_vllm_server_sync.py",  # a real server, 7 trainers (2 DDP ranks) syncing into it
     "test_demo.py",
     "test_gpu_check.py",
     "test_vllm_eval.py",

@@ -30,8 +30,24 @@ def test_transformers_is_in_the_range_gpu_vllm_accepts():
     assert Version("5.10.4") <= Version(importlib.metadata.version("transformers")) < Version("5.18")
 
 
+def test_the_weight_transfer_plugin_is_installed_for_vllm():
+    """vLLM runs every `vllm.general_plugins` entry point in each of its processes; ours registers the CPU weight
+    transfer (`trl_ext_gloo`). Catches an install made before the entry point existed (reinstall: `pip install -e .`),
+    where a server started with that backend refuses it ("Invalid weight transfer backend")."""
+    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert [p.value for p in plugins if p.name == "trl_ext_gloo"] == ["trl_ext.grpo.weight_transfer:register"]
+
+
 @pytest.mark.parametrize(
-    "module", ["trl_ext", "trl_ext.cli", "trl_ext.evaluation", "trl_ext.launch", "trl_ext.grpo.vllm_sync"]
+    "module",
+    [
+        "trl_ext",
+        "trl_ext.cli",
+        "trl_ext.evaluation",
+        "trl_ext.launch",
+        "trl_ext.grpo.vllm_sync",
+        "trl_ext.grpo.weight_transfer",  # vLLM loads it as a plugin; the launcher reads its flags
+    ],
 )
 def test_trl_ext_modules_do_not_import_vllm(module):
     """Only `generate_vllm` and an engine TRL built import vllm. (`trl_ext.grpo.trainer` imports `trl.GRPOTrainer`, and

@@ -17,11 +17,18 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from helpers import free_port
-from vllm_helpers import KV_CACHE_BYTES, REPO, SCRIPTS, child_env, require_vllm_cpu, save_engine_model
+from vllm_helpers import (
+    KV_CACHE_BYTES,
+    REPO,
+    SCRIPTS,
+    child_env,
+    marked_processes,
+    require_vllm_cpu,
+    save_engine_model,
+)
 
 from trl_ext.launch import check_port_free
 
@@ -31,22 +38,6 @@ SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-m
 REFUSED = 111  # ECONNREFUSED
 
 pytestmark = pytest.mark.slow
-
-
-def _marked_processes(marker: str) -> list[int]:
-    """Live processes whose environment holds `TRL_EXT_TEST_MARK=marker` (all the launch's descendants)."""
-    found = []
-    needle = f"TRL_EXT_TEST_MARK={marker}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state not in ("Z", "X") and needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +114,7 @@ def _finish(proc: subprocess.Popen, info: dict, timeout: float) -> dict:
             proc.wait()
     info["code"] = proc.returncode
     info["output"] = info["out"].read_text(errors="replace")
-    info["left"] = _marked_processes(info["marker"])
+    info["left"] = marked_processes(info["marker"])
     for pid in info["left"]:  # leave nothing behind for the next test, whatever the assertions say
         try:
             os.kill(pid, signal.SIGKILL)

@@ -105,3 +105,20 @@ def run_checked(argv: list[str], timeout: float, log: Path, **env: str) -> subpr
 def run_script(name: str, *args: str, timeout: float, log: Path, **env: str) -> subprocess.CompletedProcess:
     """Runs `tests/scripts/<name>` with this Python (see `run_checked`)."""
     return run_checked([sys.executable, str(SCRIPTS / name), *args], timeout, log, **env)
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes whose environment holds `TRL_EXT_TEST_MARK=marker` (a launch and all its descendants inherit
+    it; for the "no orphan" checks)."""
+    found = []
+    needle = f"TRL_EXT_TEST_MARK={marker}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state not in ("Z", "X") and needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,216 @@
+"""GRPO in vLLM server mode on the CPU against a running server, with records for tests/test_vllm_server_sync.py.
+
+Usage: vllm_server_sync.py OUT_DIR --port P --model DIR --runs NAME[,NAME...] [--no-sync] [--kill-marker FILE]
+
+Each run trains `AblationGRPOTrainer` (`use_vllm=True, vllm_mode="server"`, importance-sampling correction on,
+float32) on the engine model in DIR against the server on 127.0.0.1:P, a new trainer per run (so each run joins
+the server's weight transfer anew), and writes OUT_DIR/NAME.json (rank 0):
+
+- `exact`, `padding_free`, `peft` (LoRA, merged for the sync by TRL), and `ddp` (the same as `exact`, run under
+  torchrun with 2 processes): after each optimizer step the weights are synced through TRL's own
+  `VLLMGeneration.sync_weights`, then the server generates greedily from fixed prompts and the log-probs it returns
+  for its tokens are recorded beside a plain forward of the trainer's model on the same tokens, and beside the
+  forward of the initial weights (how far training moved them). `--no-sync` turns TRL's sync into a no-op.
+- `learn`: a short run on the digit-share reward; TRL's logged rewards and `sampling/importance_sampling_ratio`.
+- `kill`: after step 1, writes FILE and waits for the server to stop answering (the test kills it); the next step's
+  sync must fail: records the error and its time, then exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS.parent))
+sys.path.insert(0, str(TESTS))
+
+FIXED_PROMPTS = ["abc", "hello", "12+3", "xyz"]
+TRAIN_PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
+MAX_TOKENS = 8
+# The `learn` run's batch and step size; the sync checks' (3 steps, weights visibly moved).
+LEARN = dict(per_device_train_batch_size=16, learning_rate=3e-2)
+CHECK = dict(per_device_train_batch_size=8, learning_rate=5e-2)
+
+
+def id_reward(completion_ids, **kwargs) -> list[float]:
+    """`(sum of token ids mod 5) / 4`: deterministic, with spread inside most groups."""
+    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+def digit_share(completions, **kwargs) -> list[float]:
+    """Share of the completion's characters that are digits: the toy model learns it in a few dozen steps."""
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
+def forward_logps(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """Log-probs of `completion` after `prompt` from one plain forward (no TRL code)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+        logps = torch.log_softmax(logits, dim=-1)  # (T, V)
+        return logps.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def server_check(trainer, initial, prompts: list[list[int]]) -> dict:
+    """The server's greedy completions of `prompts` with its log-probs, a forward of the trainer's model and of the
+    initial weights on the same tokens: `gap` = max |server - trainer|, `moved` = max |trainer - initial|."""
+    client = trainer.vllm_generation.vllm_client
+    out = client.generate(prompts, n=1, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    rows, gap, moved = [], 0.0, 0.0
+    for prompt, completion, logprobs in zip(prompts, out["completion_ids"], out["logprobs"], strict=True):
+        server = [position[0] for position in logprobs]
+        mine, start = forward_logps(model, prompt, completion), forward_logps(initial, prompt, completion)
+        gap = max(gap, *(abs(a - b) for a, b in zip(server, mine, strict=True)))
+        moved = max(moved, *(abs(a - b) for a, b in zip(mine, start, strict=True)))
+        rows.append({"completion": completion, "server": server, "trainer": mine, "initial": start})
+    return {"step": trainer.state.global_step, "gap": gap, "moved": moved, "rows": rows}
+
+
+def make_trainer(run: str, args, out_dir: Path, callbacks):
+    import torch
+    from datasets import Dataset
+    from helpers import free_port
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    learn = run == "learn"
+    config = AblationGRPOConfig(
+        output_dir=str(out_dir / run),
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=args.steps,
+        max_completion_length=MAX_TOKENS,
+        num_generations=4,
+        **(LEARN if learn else CHECK),
+        lr_scheduler_type="constant",
+        seed=0,
+        bf16=False,
+        disable_dropout=True,
+        padding_free=run == "padding_free",
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_host="127.0.0.1",
+        vllm_server_port=args.port,
+        vllm_group_port=free_port(),
+        vllm_server_timeout=args.timeout,
+        vllm_importance_sampling_correction=True,
+        **({"ddp_backend": "gloo"} if run == "ddp" else {}),
+    )
+    peft_config = None
+    if run == "peft":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    return AblationGRPOTrainer(
+        model,
+        digit_share if learn else id_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS * 8}),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+
+
+def wait_until_down(port: int, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                pass
+        except OSError:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the server on port {port} still answers {limit:g} s after the kill marker")
+
+
+def train(run: str, args, out_dir: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    record: dict = {"run": run, "checks": []}
+    state: dict = {}
+
+    class Check(TrainerCallback):
+        def on_step_end(self, _args, train_state, control, **kwargs):
+            trainer = state["trainer"]
+            if run == "kill":
+                if train_state.global_step == 1:
+                    Path(args.kill_marker).write_text(str(os.getpid()))
+                    wait_until_down(args.port)
+                    record["killed_at"] = time.time()
+                return
+            if run == "learn":
+                return
+            trainer.vllm_generation.sync_weights()  # TRL's own sync (a no-op with --no-sync), on every rank
+            trainer._last_loaded_step = train_state.global_step  # TRL would sync again before the next generation
+            if trainer.accelerator.is_main_process:
+                record["checks"].append(server_check(trainer, state["initial"], state["prompts"]))
+
+    trainer = make_trainer(run, args, out_dir, [Check()])
+    state["trainer"] = trainer
+    # From disk: a deepcopy of the prepared model would keep accelerate's forward wrapper, bound to the original.
+    state["initial"] = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    tokenizer = trainer.processing_class
+    state["prompts"] = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in FIXED_PROMPTS]
+    if args.no_sync:
+        trainer.vllm_generation.sync_weights = lambda: None
+    try:
+        trainer.train()
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["failed_at"] = time.time()
+        traceback.print_exc()
+    finally:
+        client = getattr(trainer.vllm_generation, "vllm_client", None)
+        if client is not None:
+            client.close_communicator()
+    record["log_history"] = trainer.state.log_history
+    record["global_step"] = trainer.state.global_step
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--runs", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--learn-steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--no-sync", action="store_true")
+    parser.add_argument("--kill-marker")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    out_dir = Path(args.out_dir)
+    failed = False
+    for run in args.runs.split(","):
+        steps = args.steps
+        args.steps = args.learn_steps if run == "learn" else steps
+        record = train(run, args, out_dir)
+        args.steps = steps
+        if int(os.environ.get("RANK", "0")) == 0:
+            (out_dir / f"{run}.json").write_text(json.dumps(record))
+        failed = failed or "error" in record
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: they must not rerun this
+    main()
