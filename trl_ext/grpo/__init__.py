@@ -8,7 +8,9 @@ Modules, one job each (top to bottom):
   `axes`;
 - `sampling`: DAPO's dynamic sampling and the batch helpers (`loss_mask`, row trimming); `finished`: finished vs
   truncated completions; `packing`: padding-free rows; `fused_head`: the LM head at the completion tokens only;
-- `vllm_sync`: the colocated weight sync on vLLM's CPU backend; `callbacks`: rollout samples to a JSONL file.
+- `vllm_sync`: the colocated weight sync on vLLM's CPU backend; `weight_transfer` (with `weight_transfer_engine`, the
+  vLLM side, and `weight_transfer_client`, the trainer side): server-mode weight sync without CUDA, over gloo;
+  `callbacks`: rollout samples to a JSONL file.
 
 Light to import: TRL loads on first use of the two public names.
 """
