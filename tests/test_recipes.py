@@ -208,6 +208,10 @@ DIFFS["countdown/cpu_server.yaml"] = (
     | {"n_grpo_steps", "max_completion_length", "generation_kwargs", "learning_rate", "eval_strategy", "final_eval"}
     | {"vllm_importance_sampling_correction", "report_to", "log_completions", "save_strategy"},
 )
+# Asynchronous rollouts (issue 30): generation one optimizer step ahead, with TRL's importance-sampling correction.
+for _async, _sync in (("countdown/seed000_grpo_l512_async.yaml", "countdown/seed000_grpo_l512.yaml"),
+                      ("gsm8k/r1_zero_async.yaml", "gsm8k/r1_zero.yaml")):  # fmt: skip
+    DIFFS[_async] = (_sync, {"async_rollouts", "max_staleness", "vllm_importance_sampling_correction"})
 ROOTS = {"grpo_defaults.yaml", "sft/base.yaml"}
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trl_ext.preflight.async_plan import available_host_bytes, check_async, plan_async
 from trl_ext.preflight.batch import BatchLayout, check_batches, micro_batch_choices, suggest_batch_fixes
 from trl_ext.preflight.context import RunContext
 from trl_ext.preflight.disk import DiskPlan, plan_disk, saves_during_run
@@ -34,7 +35,14 @@ from trl_ext.preflight.models import ModelShape, load_model_shape
 from trl_ext.preflight.packed_models import padding_free_problems
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
-from trl_ext.preflight.setup import TrainingSetup, enum_value, training_setup, two_byte_dtype
+from trl_ext.preflight.setup import (
+    DEFAULT_PROMPT_TOKENS,
+    PROMPT_TOKENS,
+    TrainingSetup,
+    enum_value,
+    training_setup,
+    two_byte_dtype,
+)
 
 # TRL 1.16 GRPOConfig defaults: `vllm_group_port` and `vllm_server_port` (`trl_ext.launch` reads the latter too).
 TRL_GROUP_PORT = 51216
@@ -137,6 +145,10 @@ def check_recipe(
                 )
             )
         _sleep(report, args, layout)
+        queued = plan_async(args, layout, PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS))
+        if queued is not None:  # async rollouts: the staleness and the batch waiting in host memory
+            report.lines += queued.render(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max)
+            report.problems += check_async(queued, available_host_bytes())
         _memory_and_disk(report, task, script_args, args, model_args, layout, values)
     _semantics(report, script_args, args, model_args)
     _group_port(report, args)
