@@ -30,6 +30,13 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port
+from vllm_async_checks import (  # noqa: F401 -- issue 30's checks, collected here to share this module's server
+    run_async,
+    test_async_importance_ratio_is_against_the_samplers_log_probs,
+    test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo,
+    test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_sampler,
+    test_async_staleness_zero_is_the_synchronous_path,
+)
 from vllm_helpers import (
     KV_CACHE_BYTES,
     SCRIPTS,
@@ -91,6 +98,10 @@ def runs(tmp_path_factory):
                f"--master_port={free_port()}", str(SCRIPTS / "vllm_server_sync.py"),
                *_script_args(out, port, model, "ddp")]  # fmt: skip
         run_checked(ddp, 900, root / "ddp.log", TRL_EXT_TEST_MARK=trainer_mark)
+        finish = [sys.executable, str(SCRIPTS / "vllm_server_finish_reasons.py"), str(out / "finish_reasons.json"),
+                  "--port", str(port), "--model", model, "--group-port", str(free_port())]  # fmt: skip
+        run_checked(finish, 900, root / "finish_reasons.log", TRL_EXT_TEST_MARK=trainer_mark)  # issue 32 item 5
+        result["async"] = run_async(root, port, model)  # issue 30: async rollouts against this server
         marker = root / "kill.marker"
         argv = [
             sys.executable,
@@ -184,3 +195,24 @@ def test_server_killed_mid_run_stops_the_trainer_naming_the_servers_log(runs):
     assert error.startswith("VLLMServerError: the vLLM server at http://127.0.0.1:")
     assert f"Server log: {runs['server_log']}; last lines:" in error
     assert runs["trainer_left"] == [] and runs["server_left"] == []
+
+
+def test_finished_follows_the_servers_own_finish_reason(runs):
+    """Issue 32 item 5 in server mode (tests/scripts/vllm_server_finish_reasons.py): with `mask_truncated_completions`,
+    n=4 seeded samples of 6 prompts per case, TRL's request through `VLLMClient`; the same body posted to the server
+    is the reference. On every row the trainer generated the reference's ids and called a completion finished exactly
+    when the server's `finish_reason` is "stop" (its loss mask whole, else empty). With the tags special to the
+    trainer and `skip_special_tokens: false`, completions stopped at a tag are ones the token-tail rule (the old
+    mixin's) calls truncated. Catches reasons dropped, misordered, or not broadcast to TRL's per-process slice."""
+    record = runs["runs"].get("finish_reasons")
+    assert record is not None, runs["output"][-4000:]
+    for name in ("special_stop", "min_tokens"):
+        rows = record[name]["rows"]
+        assert len(rows) == 24
+        for row in rows:
+            n, stopped = len(row["ids"]), row["reason"] == "stop"
+            assert row["trainer_ids"][:n] == row["ids"] and set(row["trainer_ids"][n:]) <= {record["pad"]}, row
+            assert row["finished"] == stopped and row["mask_sum"] == (n if stopped else 0), row
+        assert "length" in {row["reason"] for row in rows}
+    special = record["special_stop"]["rows"]
+    assert sum(row["reason"] == "stop" and not row["tail_rule"] for row in special) >= 4

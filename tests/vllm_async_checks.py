@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from helpers import free_port
@@ -30,12 +31,13 @@ def run_async(root: Path, port: int, model: str) -> dict:
     out.mkdir()
     log = root / "async.log"
     argv = [sys.executable, str(SCRIPTS / "vllm_async.py"), f"http://127.0.0.1:{port}", model, str(out)]
+    started = time.monotonic()
     with open(log, "w") as handle:
         proc = subprocess.run([*argv, str(free_port())], env=child_env(), stdout=handle, stderr=subprocess.STDOUT,
                               timeout=900)  # fmt: skip
     if proc.returncode != 0:
         return {"error": "\n".join(log.read_text(errors="replace").splitlines()[-40:])}
-    return json.loads((out / "result.json").read_text())
+    return {**json.loads((out / "result.json").read_text()), "seconds": time.monotonic() - started}
 
 
 def _async(runs: dict) -> dict:
