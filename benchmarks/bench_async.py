@@ -30,11 +30,9 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _runs import child_env  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "async.json"
-SERVER_FLAGS = ["--dtype", "float32", "--max_model_len", "64", "--enforce_eager", "--kv-cache-memory-bytes",
-                str(256 * 2**20), "--logprobs-mode", "processed_logprobs"]  # fmt: skip
+SERVER_FLAGS = ["--max_model_len", "64", "--enforce_eager", "--kv-cache-memory-bytes", str(256 * 2**20)]
 ARMS = {"sync": 0, "async": 1}  # max_staleness
 
 
@@ -279,39 +276,24 @@ def core_overlap() -> dict:
     return {"alone": alone, "both": both, "parallel_efficiency": sum(both) / sum(alone)}
 
 
-def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
-    """`trl vllm-serve` pinned to core 0, with the gloo weight transfer; returns once `/health/` answers."""
-    from trl_ext.grpo.weight_transfer import server_args
+def start_server(model: str, port: int, log: Path):
+    """The server `trl-ext launch` starts on a CPU machine (`trl vllm-serve` with the gloo weight transfer, float32),
+    pinned to core 0; returns the running `ServerProcess` once `/health` answers."""
+    from trl_ext.launch import Command, ServerProcess, server_command
+    from trl_ext.launch.cpu_layout import cpu_server_args, pin
 
-    trl = Path(sys.executable).with_name("trl")
-    argv = ["taskset", "-c", "0", str(trl), "vllm-serve", "--model", model, "--port", str(port), *SERVER_FLAGS]
-    argv += server_args()
-    print("$", " ".join(argv), f"> {log}", flush=True)
-    out = open(log, "w")  # noqa: SIM115 -- lives as long as the server
-    proc = subprocess.Popen(argv, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=5) as answer:
-                if answer.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(2)
-    stop_server(proc)
-    raise RuntimeError(f"the server did not answer /health/ within 900 s; see {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
+    flags, _ = cpu_server_args(SERVER_FLAGS, None, "float32")
+    command = server_command(model, "127.0.0.1", port, 1, 1, [], flags)
+    command = pin(Command(command.argv, child_env()), [0])
+    print("$", command.render(), f"> {log}", flush=True)
+    server = ServerProcess(command, log, f"http://127.0.0.1:{port}/health", grace=10)
+    server.start()
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+        server.wait_healthy(900)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def child(argv: list[str], log: Path, cores: str) -> float:
@@ -355,7 +337,7 @@ def main() -> None:
             arm = run.rstrip("0123456789")
             walls[run] = child([__file__, f"--arm={arm}", f"--run={run}", *passed], work / f"{run}.log", "1")
     finally:
-        stop_server(server)
+        server.stop()
     records = {arm: [json.loads((work / f"{r}.json").read_text()) for r in runs if r.startswith(arm)] for arm in ARMS}
     result = compare(records["sync"], records["async"], args.warmup)
     result["setting"] = {k: v for k, v in vars(args).items() if k not in ("arm", "run", "out", "work", "port")}

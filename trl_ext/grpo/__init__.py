@@ -10,7 +10,8 @@ Modules, one job each (top to bottom):
   truncated completions; `packing`: padding-free rows; `fused_head`: the LM head at the completion tokens only;
 - `vllm_sync`: the colocated weight sync on vLLM's CPU backend; `weight_transfer` (with `weight_transfer_engine`, the
   vLLM side, and `weight_transfer_client`, the trainer side): server-mode weight sync without CUDA, over gloo;
-  `callbacks`: rollout samples to a JSONL file.
+  `async_rollouts` (with `rollout_worker`): the next generation batch requested from the server while this one
+  trains; `callbacks`: rollout samples to a JSONL file.
 
 Light to import: TRL loads on first use of the two public names.
 """
