@@ -290,6 +290,9 @@ def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
         (["--control_steps", "-1"], "--control_steps"),
         (["--num_labelled", "0"], "--num_labelled"),
         (["--num_train_problems", "500", "--num_labelled", "500"], "--num_labelled"),
+        (["--ei_steps", "5"], "--ei_steps.*only with --ei"),  # an EI setting without the arm
+        (["--ei", "--ei_questions", "20"], "--ei_questions"),  # 20 x 8 is not a multiple of 128
+        (["--ei", "--ei_learning_rate", "0"], "--ei_learning_rate"),
     ],
 )
 def test_bad_sizes_fail_before_any_model(argv, field):
@@ -300,3 +303,80 @@ def test_bad_sizes_fail_before_any_model(argv, field):
 def test_the_control_is_on_by_default_and_no_control_switches_it_off():
     assert demo.parse_args([]).control is True
     assert demo.parse_args(["--no-control"]).control is False
+
+
+def test_the_default_runs_no_expert_iteration_arm():
+    assert demo.parse_args([]).ei is False and demo.parse_args(["--ei"]).ei is True
+
+
+# The EI arm in the reduced run's setting, from its warm start (no SFT, no GRPO, no control): 3 EI steps of 32
+# problems x 8, on a 128-problem held-out slice with 2 samples each.
+EI_SMALL = ["--grpo_steps", "0", "--no-control", "--ei", "--ei_steps", "3", "--ei_questions", "32",
+            "--ei_learning_rate", "1e-3", "--num_eval_problems", "128", "--eval_samples", "2",
+            "--no-parallel_arms", "--no-wandb"]  # fmt: skip
+
+
+def test_the_expert_iteration_arm_runs_and_records_entropy_and_length(reduced_run, tmp_path):
+    """`--ei` in the reduced run's configuration: EI trains from the start on the unlabelled problems (the saved
+    model moved, some completions were kept), its logged held-out results are those of the saved model (an
+    independent argmax decoder), its curve points sit at EI steps 1, 2, 3 on a forward-moving CPU clock, and every
+    point of every arm carries the sampled responses' entropy (within [0, ln V]) and length (within [1, budget]),
+    the last EI point being the final model's greedy accuracy. Catches an EI arm that does not train, reports
+    another model, or measures at the wrong time."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = reduced_run
+    run = tmp_path / "ei"
+    m = demo.main([*SMALL, *EI_SMALL, "--init_model", str(out / "sft_model"), "--output_dir", str(run)])
+    assert set(m["arms"]) == {"start", "ei"}
+    clock = m["arms"]["ei"]["clock"]
+    assert clock["ei_steps"] == 3 and clock["steps"] >= 1
+    assert sum(h["ei/kept"] for h in m["arms"]["ei"]["ei_log"]) > 0
+    start = AutoModelForCausalLM.from_pretrained(out / "sft_model")
+    trained = AutoModelForCausalLM.from_pretrained(run / "ei_model")
+    assert any(not a.equal(b) for a, b in zip(start.parameters(), trained.parameters(), strict=True))
+
+    _, held_out = demo.make_splits(demo.parse_args([*SMALL, *EI_SMALL]))
+    logged = m["arms"]["ei"]["heldout"]["greedy_correct"]
+    assert _plain_greedy_correct(run / "ei_model", held_out[:48]) == logged[:48]
+    points = [c for c in m["curve"] if c["phase"] == "ei"]
+    assert [c["ei_step"] for c in points] == [1, 2, 3]
+    cpu = [c["train_cpu_s"] for c in points]
+    assert 0 < cpu[0] < cpu[1] < cpu[2] <= clock["train_cpu_s"] + 0.5
+    assert points[-1]["greedy_accuracy"] == m["arms"]["ei"]["heldout"]["greedy_accuracy"]
+    vocab = len(AutoTokenizer.from_pretrained(run / "ei_model"))
+    for stats in [m["arms"]["start"]["response"], *[{k[9:]: v for k, v in c.items()} for c in points]]:
+        assert 0 < stats["entropy"] <= math.log(vocab) and 1 <= stats["mean_length"] <= 16, stats
+        assert 0 <= stats["accuracy"] <= 1
+    assert (run / "arms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_response_entropy_equals_a_plain_per_row_forward():
+    """The batched entropy (left-padded prompts, right-padded responses, positions over real tokens) equals a
+    forward of each row alone, unpadded; and measuring leaves torch's random state as it was (the arms' training
+    draws the same samples with and without `--ei`'s measurements)."""
+    import torch
+
+    from trl_ext.demo.heldout import response_entropy, response_stats
+    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer(demo.DEMO_CHARS, model_max_length=64)
+    model = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, intermediate_size=64, seed=3).eval()
+    prompts = ["[1, 2, 3] -> 6 :", "[10, 4, 7] -> 21 :", "[9] -> 9 :"]
+    responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in ("1+2+3", "(10+4)+7+", "9")]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for prompt, response in zip(prompts, responses, strict=True):
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            logits = model(torch.tensor([ids + response])).logits[0].double()  # (P + T, V)
+            for t in range(len(response)):
+                logp = torch.log_softmax(logits[len(ids) - 1 + t], dim=-1)
+                total, count = total - (logp.exp() * logp).sum().item(), count + 1
+    assert response_entropy(model, tokenizer, prompts, responses) == pytest.approx(total / count, rel=1e-5)
+
+    problems = [{"nums": [1, 2, 3], "target": 6}, {"nums": [10, 4, 7], "target": 21}]
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    stats = response_stats(model, tokenizer, problems, 8)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert 1 <= stats["mean_length"] <= 8 and stats["entropy"] > 0

@@ -9,13 +9,15 @@
 3. GRPO from that start on the other, unlabelled training problems, with the Countdown verifier as the only signal
    (`AblationGRPOTrainer`: group-std advantages, clipped surrogate, per-sequence masked mean);
 4. the SFT-only control from the same start: more SFT on the same labelled set for about GRPO's CPU time
-   (`--no-control` skips it);
+   (`--no-control` skips it); with `--ei`, also expert iteration from the same start on the unlabelled problems
+   (`trl_ext.expert_iteration`), and the sampled responses' entropy and length along every curve;
 5. both scored on the same fixed held-out problems (seed `EVAL_SEED`, no (sorted numbers, target) key shared with
    training): greedy accuracy, mean accuracy of `eval_samples` samples at temperature 1, pass@`eval_samples`, and
    exact paired sign tests; a table, `metrics.json` and `curve.png` (both arms on one axis of CPU seconds).
 
 Modules: `config` (flags), `data` (splits and rows), `heldout` (scoring), `phases` (training and its CPU clock),
-`report` (tests, table, plot), `run` (`main`). docs/demo.md has the measured results and the tuning history.
+`control` (the control arm, the arms' child processes), `ei` (the expert-iteration arm), `report` (tests, table,
+plots), `run` (`main`). docs/demo.md has the measured results and the tuning history.
 """
 
 from trl_ext.demo.config import GPU_COMMAND, GPU_RECIPE, DemoConfig, check, parse_args

@@ -98,6 +98,27 @@ class DemoConfig:
         default=3e-3,
         metadata={"help": "Control peak learning rate (linear warmup, then linear decay); the warm start's."},
     )
+    # Expert-iteration arm (off by default): sample, keep the correct, SFT on them, from the same start
+    ei: bool = field(
+        default=False,
+        metadata={
+            "help": "Also run expert iteration (trl_ext.expert_iteration) from the same start on the unlabelled "
+            "problems, beside GRPO and the control; every curve point then also holds the held-out responses' "
+            "entropy and length (docs/expert_iteration.md)."
+        },
+    )
+    ei_steps: int = field(
+        default=240,
+        metadata={"help": "EI steps (--ei); the default costs about GRPO's CPU seconds (both are measured)."},
+    )
+    ei_questions: int = field(
+        default=128,
+        metadata={"help": "Questions per EI step, --num_generations completions each (a multiple of 16)."},
+    )
+    ei_learning_rate: float = field(
+        default=2e-4, metadata={"help": "EI's SFT learning rate (constant; GRPO's peak, --learning_rate)."}
+    )
+    ei_sft_epochs: int = field(default=1, metadata={"help": "EI's SFT passes over each EI step's kept completions."})
 
 
 def parse_args(argv: list[str] | None = None) -> DemoConfig:
@@ -161,6 +182,19 @@ def check(cfg: DemoConfig) -> None:
         raise ValueError(
             f"--rollout_batch_size ({cfg.rollout_batch_size}) must be 0 or a multiple of "
             f"--grpo_batch_size ({cfg.grpo_batch_size})"
+        )
+    ei_fields = ("ei_steps", "ei_questions", "ei_learning_rate", "ei_sft_epochs")
+    defaults = {f.name: f.default for f in fields(DemoConfig)}
+    changed = [name for name in ei_fields if getattr(cfg, name) != defaults[name]]
+    if changed and not cfg.ei:
+        raise ValueError(f"--{changed[0]} configures the expert-iteration arm, which runs only with --ei")
+    for name in ei_fields:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.ei and (cfg.ei_questions * cfg.num_generations) % cfg.grpo_batch_size:
+        raise ValueError(
+            f"--ei_questions x --num_generations ({cfg.ei_questions} x {cfg.num_generations}) must be a multiple of "
+            f"--grpo_batch_size ({cfg.grpo_batch_size}): EI generates in calls of that many completions, as GRPO does"
         )
     if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
         raise ValueError("--hidden_size must be divisible by --num_heads, and --num_heads by --num_kv_heads")

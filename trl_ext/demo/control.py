@@ -1,5 +1,5 @@
 """The SFT-only control arm: more SFT on the labelled problems from GRPO's start, in this process or in a child
-process that runs beside GRPO."""
+process that runs beside GRPO; the child processes of the arms (the control, and expert iteration with `--ei`)."""
 
 from __future__ import annotations
 
@@ -35,29 +35,29 @@ def run_control(cfg: DemoConfig, start_dir: Path, out: Path, tokenizer, labelled
     return {"clock": clock, "heldout": heldout, "curve": curve}
 
 
-def start_control_process(cfg: DemoConfig, start_dir: Path, out: Path, threads: int) -> subprocess.Popen:
-    """Start the control in a child process (its own interpreter, `threads` torch threads); its lines print as
-    they come, prefixed `[control]`."""
-    spec = out / "control" / "spec.json"
+def start_arm_process(arm: str, cfg: DemoConfig, start_dir: Path, out: Path, threads: int) -> subprocess.Popen:
+    """Start arm `arm` (`control` or `ei`) in a child process (its own interpreter, `threads` torch threads); its
+    lines print as they come, prefixed `[control]` / `[ei]`."""
+    spec = out / arm / "spec.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(
-        json.dumps({"config": vars(cfg), "start_dir": str(start_dir), "out": str(out), "threads": threads})
+        json.dumps({"arm": arm, "config": vars(cfg), "start_dir": str(start_dir), "out": str(out), "threads": threads})
     )
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     code = "import sys; from trl_ext.demo.control import child_main; child_main(sys.argv[1])"
     return subprocess.Popen([sys.executable, "-c", code, str(spec)], env=env)
 
 
-def finish_control_process(proc: subprocess.Popen, out: Path) -> dict:
+def finish_arm_process(arm: str, proc: subprocess.Popen, out: Path) -> dict:
     """Wait for the child and read its result; a failed child raises with its exit status."""
     if proc.wait() != 0:
-        raise RuntimeError(f"the control process exited with status {proc.returncode}; its output is above")
-    return json.loads((out / "control" / "result.json").read_text())
+        raise RuntimeError(f"the {arm} process exited with status {proc.returncode}; its output is above")
+    return json.loads((out / arm / "result.json").read_text())
 
 
 def child_main(spec_path: str) -> None:
-    """The child process's work: rebuild the labelled and held-out problems from the config, run the control and
-    write `<out>/control/result.json`."""
+    """The child process's work: rebuild the problems from the config, run its arm and write
+    `<out>/<arm>/result.json`."""
     import datasets
     import torch
 
@@ -65,11 +65,16 @@ def child_main(spec_path: str) -> None:
     from trl_ext.tiny import build_char_tokenizer
 
     spec = json.loads(Path(spec_path).read_text())
-    cfg, out = DemoConfig(**spec["config"]), Path(spec["out"])
+    cfg, out, arm = DemoConfig(**spec["config"]), Path(spec["out"]), spec["arm"]
     datasets.disable_progress_bars()
     torch.set_num_threads(spec["threads"])
     train, held_out = make_splits(cfg)
-    labelled, _ = split_labelled(train, cfg.num_labelled)
+    labelled, unlabelled = split_labelled(train, cfg.num_labelled)
     tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
-    result = run_control(cfg, Path(spec["start_dir"]), out, tokenizer, labelled, held_out)
-    (out / "control" / "result.json").write_text(json.dumps(result))
+    if arm == "ei":
+        from trl_ext.demo.ei import run_ei_arm
+
+        result = run_ei_arm(cfg, Path(spec["start_dir"]), out, tokenizer, unlabelled, held_out)
+    else:
+        result = run_control(cfg, Path(spec["start_dir"]), out, tokenizer, labelled, held_out)
+    (out / arm / "result.json").write_text(json.dumps(result))

@@ -66,3 +66,88 @@ def evaluate(model, tokenizer, problems: list[dict], num_samples: int, max_new_t
     result["seconds"] = time.perf_counter() - started
     model.train(was_training)
     return result
+
+
+# Sampling seed of the response statistics along the curves (one sample per held-out problem).
+RESPONSE_SAMPLING_SEED = 8765
+
+
+def response_stats(model, tokenizer, problems: list[dict], max_new_tokens: int) -> dict:
+    """Entropy and length of the policy's responses: one sample per held-out problem at temperature 1 (no top-k /
+    top-p, as the rollouts sample), then one forward over prompt + response.
+
+    `entropy` is the token mean over every response token (EOS included) of the entropy of the next-token
+    distribution that produced it, `H_t = -sum_v p_v log p_v`, as TRL's `entropy` metric averages it;
+    `mean_length` counts a response's tokens through its EOS (TRL's `completions/mean_length`); `accuracy` is the
+    share of the samples the training reward marks correct. Torch's global random state is left as it was, so
+    measuring along a run does not change the run.
+
+    Returns:
+        `{"entropy", "mean_length", "accuracy"}`.
+    """
+    import torch
+
+    from trl_ext.evaluation.transformers_backend import eos_token_ids, generate_transformers
+    from trl_ext.rewards import countdown_reward_components
+    from trl_ext.tasks import compact_prompt
+
+    was_training = model.training
+    model.eval()
+    prompts = [compact_prompt(p["nums"], p["target"]) for p in problems]
+    eos = eos_token_ids(model, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        samples = generate_transformers(
+            model, tokenizer, prompts, n=1, max_new_tokens=max_new_tokens, temperature=1.0,
+            seed=RESPONSE_SAMPLING_SEED, batch_size=BATCH_SIZE, stop=(), progress=False,
+        )  # fmt: skip
+    responses = []
+    for (sample,) in samples:
+        ids = sample.token_ids
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        responses.append(ids[:end])
+    entropy = response_entropy(model, tokenizer, prompts, responses)
+    correct = [
+        countdown_reward_components(
+            tokenizer.decode(r, skip_special_tokens=True), {"nums": p["nums"], "target": p["target"]},
+            require_all=True,
+        )["answer_reward"] == 1.0
+        for p, r in zip(problems, responses, strict=True)
+    ]  # fmt: skip
+    model.train(was_training)
+    return {
+        "entropy": entropy,
+        "mean_length": sum(map(len, responses)) / len(responses),
+        "accuracy": sum(correct) / len(correct),
+    }
+
+
+def response_entropy(model, tokenizer, prompts: list[str], responses: list[list[int]]) -> float:
+    """Token-mean entropy of the next-token distributions that predict `responses` given `prompts`.
+
+    One batched forward: prompts left-padded, responses right-padded, positions counted over real tokens only (as
+    `generate` counts them), so each row sees what it saw unpadded.
+
+    Args:
+        prompts: `(B,)` prompt strings.
+        responses: `(B,)` response token ids (each non-empty).
+
+    Returns:
+        `sum_{b,t} H_bt m_bt / sum_{b,t} m_bt` over the response tokens, in nats.
+    """
+    import torch
+
+    from trl_ext.objectives import compute_entropy
+
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    width = max(len(r) for r in responses)
+    pad = tokenizer.pad_token_id
+    completion = torch.tensor([r + [pad] * (width - len(r)) for r in responses])  # (B, T)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])  # (B, T)
+    input_ids = torch.cat([enc["input_ids"], completion], dim=1)  # (B, P + T)
+    attention = torch.cat([enc["attention_mask"], mask], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    prompt_len = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
+    entropy = compute_entropy(logits[:, prompt_len - 1 : prompt_len - 1 + width])  # (B, T)
+    return float((entropy * mask).sum() / mask.sum())

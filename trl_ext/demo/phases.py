@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from trl_ext.demo.data import grpo_dataset, sft_dataset
-from trl_ext.demo.heldout import evaluate
+from trl_ext.demo.heldout import evaluate, response_stats
 
 # Passes over the labelled problems materialised for SFT, each drawing one of a problem's solutions afresh.
 SFT_PASSES = 16
@@ -25,20 +25,24 @@ def curve_steps(max_steps: int, points: int) -> set[int]:
     return {round(k * max_steps / points) for k in range(1, points + 1)} - {0} if points and max_steps else set()
 
 
-def _callbacks(cfg, phase: str, held_out: list[dict], tokenizer, curve: list[dict], clock: dict, wandb_run):
-    """A progress printer, and a clock that records the held-out greedy curve at `curve_steps` against the training
-    CPU seconds (`clock["train_cpu_s"]`: the training loop's CPU time minus the held-out evaluations' own)."""
+def _callbacks(
+    cfg, phase: str, held_out: list[dict], tokenizer, curve: list[dict], clock: dict, wandb_run, by_step: bool = True
+):
+    """A progress printer, and a clock that records the held-out greedy curve at `curve_steps` (or, `by_step=False`,
+    wherever the trainer calls `measure`) against the training CPU seconds (`clock["train_cpu_s"]`: the training
+    loop's CPU time minus the held-out evaluations' own). With `cfg.ei` each point also holds the responses' entropy,
+    length and sampled accuracy (`heldout.response_stats`)."""
     from transformers import TrainerCallback
 
     class Progress(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            keys = ["loss", "reward", "reward_std", "entropy", "completions/mean_length", "learning_rate"]
+            keys = ["loss", "reward", "reward_std", "entropy", "completions/mean_length", "ei/kept", "learning_rate"]
             shown = " ".join(f"{k.split('/')[-1]}={logs[k]:.4g}" for k in keys if k in (logs or {}))
             print(f"[{phase}] step {state.global_step}/{state.max_steps} {shown}", flush=True)
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            self.steps = curve_steps(state.max_steps, cfg.curve_points)
+            self.steps = curve_steps(state.max_steps, cfg.curve_points) if by_step else set()
             self.start = (cpu_seconds(), time.perf_counter())
             self.evals = [0.0, 0.0]  # CPU and wall seconds spent on the held-out curve
 
@@ -47,29 +51,30 @@ def _callbacks(cfg, phase: str, held_out: list[dict], tokenizer, curve: list[dic
             return cpu, time.perf_counter() - self.start[1] - self.evals[1]
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step not in self.steps:
-                return
+            if state.global_step in self.steps:
+                self.measure(model, state.global_step)
+
+        def measure(self, model, step: int, **extra) -> None:
+            """One curve point of `model` after training step `step` (`extra`: more fields of the point)."""
             train_cpu, train_wall = self._train_time()
             cpu0, wall0 = cpu_seconds(), time.perf_counter()
             r = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
+            stats = response_stats(model, tokenizer, held_out, cfg.max_completion_length) if cfg.ei else {}
             self.evals[0] += cpu_seconds() - cpu0
             self.evals[1] += time.perf_counter() - wall0
-            curve.append(
-                {
-                    "phase": phase,
-                    "step": state.global_step,
-                    "train_cpu_s": round(train_cpu, 2),
-                    "train_wall_s": round(train_wall, 2),
-                    "greedy_accuracy": r["greedy_accuracy"],
-                }
-            )
+            point = {"phase": phase, "step": step, **extra, "train_cpu_s": round(train_cpu, 2)}
+            point.update(train_wall_s=round(train_wall, 2), greedy_accuracy=r["greedy_accuracy"])
+            point.update({f"response_{k}": v for k, v in stats.items()})
+            curve.append(point)
+            shown = "".join(f", response {k} {v:.3g}" for k, v in stats.items())
             print(
-                f"[{phase}] step {state.global_step} held-out greedy accuracy {r['greedy_accuracy']:.3f} "
+                f"[{phase}] step {step} held-out greedy accuracy {r['greedy_accuracy']:.3f}{shown} "
                 f"(training CPU {train_cpu:.0f} s)",
                 flush=True,
             )
             if wandb_run is not None:
-                wandb_run.log({f"{phase}/heldout_greedy_accuracy": r["greedy_accuracy"], f"{phase}/cpu_s": train_cpu})
+                logged = {f"{phase}/heldout_greedy_accuracy": r["greedy_accuracy"], f"{phase}/cpu_s": train_cpu}
+                wandb_run.log({**logged, **{f"{phase}/response_{k}": v for k, v in stats.items()}})
 
         def on_train_end(self, args, state, control, **kwargs):
             train_cpu, train_wall = self._train_time()

@@ -100,3 +100,52 @@ def plot_curve(metrics: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+ARM_STYLE = {
+    "grpo": ("tab:blue", "GRPO (unlabelled, verifier)"),
+    "ei": ("tab:green", "expert iteration (unlabelled, verifier)"),
+    "control": ("tab:orange", "SFT-only control (labelled)"),
+}
+
+
+def arm_series(metrics: dict, arm: str, key: str) -> list[tuple[float, float]]:
+    """`(training CPU seconds, value)` of one arm's curve, starting at the common start (0 s); `key` is
+    `greedy_accuracy` or a response statistic (`response_entropy`, `response_mean_length`, `response_accuracy`)."""
+    start = metrics["arms"]["start"]
+    first = start["heldout"]["greedy_accuracy"] if key == "greedy_accuracy" else start["response"][key[9:]]
+    points = [(c["train_cpu_s"], c[key]) for c in metrics["curve"] if c["phase"] == arm]
+    return [(0.0, first), *points]
+
+
+def plot_arms(metrics: dict, path: Path) -> None:
+    """The arms side by side on one axis of training CPU seconds: held-out greedy accuracy (and the accuracy of one
+    sample per problem at T=1, dashed), the entropy of the sampled responses, and their length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("held-out accuracy (%)", "greedy_accuracy", 100.0),
+        ("entropy of sampled responses (nats / token)", "response_entropy", 1.0),
+        ("length of sampled responses (tokens)", "response_mean_length", 1.0),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for ax, (ylabel, key, scale) in zip(axes, panels, strict=True):
+        for arm, (color, label) in ARM_STYLE.items():
+            if arm not in metrics["arms"]:
+                continue
+            xs, ys = zip(*arm_series(metrics, arm, key), strict=True)
+            ax.plot(xs, [scale * y for y in ys], marker="o", color=color, label=label)
+            if key == "greedy_accuracy":
+                xs, ys = zip(*arm_series(metrics, arm, "response_accuracy"), strict=True)
+                ax.plot(xs, [scale * y for y in ys], linestyle="--", color=color, alpha=0.6)
+        ax.set(xlabel="training CPU seconds (held-out measurements excluded)", ylabel=ylabel)
+    axes[0].set_title(f"greedy (solid), one sample at T=1 (dashed); {metrics['num_eval_problems']} held-out problems")
+    axes[1].set_title("entropy, one sample per held-out problem")
+    axes[2].set_title("response length, the same samples")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

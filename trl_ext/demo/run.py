@@ -12,11 +12,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trl_ext.demo.config import GPU_COMMAND, DemoConfig, parse_args
-from trl_ext.demo.control import finish_control_process, run_control, start_control_process
+from trl_ext.demo.control import finish_arm_process, run_control, start_arm_process
 from trl_ext.demo.data import DEMO_CHARS, make_splits, problem_key, split_labelled
-from trl_ext.demo.heldout import evaluate
+from trl_ext.demo.heldout import evaluate, response_stats
 from trl_ext.demo.phases import cpu_seconds, run_grpo, run_sft
-from trl_ext.demo.report import compare, comparison_table, plot_curve
+from trl_ext.demo.report import compare, comparison_table, plot_arms, plot_curve
 
 
 def _start_wandb(cfg: DemoConfig, out: Path):
@@ -55,9 +55,12 @@ def _summary_lines(metrics: dict) -> list[str]:
     arms = metrics["arms"]
     rows = [(f"SFT start ({metrics['num_labelled']} labelled)", arms["start"]["heldout"], None)]
     names = {"grpo": "GRPO (unlabelled, verifier only)", "control": "SFT-only control (labelled)"}
-    rows += [(names[a], arms[a]["heldout"], arms[a]["clock"]) for a in ("grpo", "control") if a in arms]
+    names["ei"] = "expert iteration (unlabelled)"
+    rows += [(names[a], arms[a]["heldout"], arms[a]["clock"]) for a in ("grpo", "control", "ei") if a in arms]
     lines = comparison_table(rows, metrics["num_eval_problems"]).split("\n")
-    for label, key in (("GRPO - SFT start", "grpo_vs_start"), ("GRPO - control", "grpo_vs_control")):
+    labels = [("GRPO - SFT start", "grpo_vs_start"), ("GRPO - control", "grpo_vs_control")]
+    labels += [("EI - SFT start", "ei_vs_start"), ("EI - GRPO", "ei_vs_grpo"), ("EI - control", "ei_vs_control")]
+    for label, key in labels:
         c = metrics.get(key)
         if not c:
             continue
@@ -73,19 +76,20 @@ def _summary_lines(metrics: dict) -> list[str]:
 def _run_arms(
     cfg: DemoConfig, model, tokenizer, labelled, unlabelled, held_out, start_dir: Path, out: Path, wandb_run
 ):
-    """GRPO here and the control beside it in a child process (or after GRPO, `--no-parallel_arms`), both from the
-    model in `start_dir`, each arm with half the threads when both run at once.
+    """GRPO here and the other arms (the control; expert iteration with `--ei`) beside it in child processes (or
+    after GRPO, `--no-parallel_arms`), all from the model in `start_dir`, the threads split between the arms that run
+    at once.
 
     Returns:
-        (arms `{"grpo" / "control": {"clock", "heldout"}}`, their curve points, TRL's GRPO log).
+        (arms `{"grpo" / "control" / "ei": {"clock", "heldout", ...}}`, their curve points, TRL's GRPO log).
     """
     import torch
 
     report_to = "wandb" if wandb_run is not None else "none"
-    run_control_arm = bool(cfg.control and cfg.control_steps)
-    parallel = run_control_arm and cfg.parallel_arms
-    arm_threads = max(1, torch.get_num_threads() // 2) if parallel else torch.get_num_threads()
-    proc = start_control_process(cfg, start_dir, out, arm_threads) if parallel else None
+    others = [arm for arm, on in (("control", bool(cfg.control and cfg.control_steps)), ("ei", cfg.ei)) if on]
+    parallel = bool(others) and cfg.parallel_arms
+    arm_threads = max(1, torch.get_num_threads() // (1 + len(others))) if parallel else torch.get_num_threads()
+    procs = {arm: start_arm_process(arm, cfg, start_dir, out, arm_threads) for arm in others} if parallel else {}
     torch.set_num_threads(arm_threads)
     arms: dict[str, dict] = {}
     curve: list[dict] = []
@@ -102,20 +106,30 @@ def _run_arms(
             model.save_pretrained(out / "final")
             tokenizer.save_pretrained(out / "final")
             print(f"[demo] after GRPO ({clock['steps']} steps): {_fmt(heldout)}", flush=True)
-        if proc is not None:
-            arms["control"] = finish_control_process(proc, out)
-        elif run_control_arm:
-            arms["control"] = run_control(cfg, start_dir, out, tokenizer, labelled, held_out)
+        for arm in others:
+            if arm in procs:
+                arms[arm] = finish_arm_process(arm, procs[arm], out)
+            elif arm == "control":
+                arms[arm] = run_control(cfg, start_dir, out, tokenizer, labelled, held_out)
+            else:
+                from trl_ext.demo.ei import run_ei_arm  # imports TRL's GRPO trainer: only when the arm runs
+
+                arms[arm] = run_ei_arm(cfg, start_dir, out, tokenizer, unlabelled, held_out)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-    if "control" in arms:
-        points = arms["control"].pop("curve")
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for arm in others:
+        points = arms[arm].pop("curve")
         curve += points
         for c in points if wandb_run is not None else []:
-            wandb_run.log({"control/heldout_greedy_accuracy": c["greedy_accuracy"], "control/cpu_s": c["train_cpu_s"]})
-        clock = arms["control"]["clock"]
-        print(f"[demo] after the control ({clock['steps']} SFT steps): {_fmt(arms['control']['heldout'])}", flush=True)
+            wandb_run.log({f"{arm}/heldout_greedy_accuracy": c["greedy_accuracy"], f"{arm}/cpu_s": c["train_cpu_s"]})
+        clock = arms[arm]["clock"]
+        if arm == "control":
+            print(f"[demo] after the control ({clock['steps']} SFT steps): {_fmt(arms[arm]['heldout'])}", flush=True)
+        else:
+            steps = f"{clock['ei_steps']} EI steps, {clock['steps']} SFT steps"
+            print(f"[demo] after expert iteration ({steps}): {_fmt(arms[arm]['heldout'])}", flush=True)
     return arms, curve, grpo_log
 
 
@@ -198,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
     print(f"[demo] start of GRPO and control: {_fmt(start['heldout'])}", flush=True)
+    if cfg.ei:  # the curves' common first point of entropy and length
+        start["response"] = response_stats(model, tokenizer, held_out, cfg.max_completion_length)
     t = mark("eval_start", t)
 
     arms, arm_curve, grpo_log = _run_arms(
@@ -229,7 +245,17 @@ def main(argv: list[str] | None = None) -> dict:
         metrics["cpu_ratio_grpo_to_control"] = round(
             arms["grpo"]["clock"]["train_cpu_s"] / max(arms["control"]["clock"]["train_cpu_s"], 1e-9), 3
         )
+    if "ei" in arms:
+        metrics["ei_vs_start"] = compare(arms["start"]["heldout"], arms["ei"]["heldout"])
+        for other in ("grpo", "control"):
+            if other in arms:
+                metrics[f"ei_vs_{other}"] = compare(arms[other]["heldout"], arms["ei"]["heldout"])
+                metrics[f"cpu_ratio_ei_to_{other}"] = round(
+                    arms["ei"]["clock"]["train_cpu_s"] / max(arms[other]["clock"]["train_cpu_s"], 1e-9), 3
+                )
     plot_curve(metrics, out / "curve.png")
+    if "ei" in arms:
+        plot_arms(metrics, out / "arms.png")
     if wandb_run is not None:
         for arm, entry in arms.items():
             floats = {f"{arm}/{k}": v for k, v in entry.get("heldout", {}).items() if isinstance(v, float)}
