@@ -115,9 +115,10 @@ class GRPOScriptArguments:
     tiny_model: bool = field(
         default=False,
         metadata={
-            "help": "model_name_or_path is a folder for trl_ext.tiny's model (the CPU demo's size, character tokenizer, "
-            "float32, seed 0): built there, offline, when it holds no model, before anything loads it (`trl-ext "
-            "launch` builds it before the vLLM server starts). For CPU runs such as countdown/cpu_server.yaml."
+            "help": "model_name_or_path is a folder for trl_ext.tiny's model (the CPU demo's size, character "
+            "tokenizer, float32, seed 0): built there, offline, when it holds no model, before anything loads it "
+            "(`trl-ext launch` builds it before the vLLM server starts). For CPU runs such as "
+            "countdown/cpu_server.yaml."
         },
     )
     expected_completion_tokens: int | None = field(
