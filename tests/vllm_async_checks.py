@@ -73,8 +73,9 @@ def test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_samp
     """`max_staleness: 1` with one optimizer step per generation batch: the same prompts in the same order as the
     synchronous run (the dataloader is read one batch ahead, not skipped or reordered); step 0 is generated on
     demand (version 0), every later batch was requested ahead during the previous step and sampled by the policy of
-    that step (version = step - 1): never older than the bound. Training differs from the synchronous run (the
-    samples are one step stale), so the weights do: the runs are not accidentally the same."""
+    that step (version = step - 1): never older than the bound; vLLM's finish reasons are recorded for the replayed
+    answers. Training differs from the synchronous run (the samples are one step stale), so the weights do: the runs
+    are not accidentally the same."""
     result = _async(runs)
     sync, ahead = result["sync"], result["staleness1"]
     assert ahead["global_step"] == 4
@@ -82,6 +83,8 @@ def test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_samp
     assert ahead["metrics"]["async/prefetched"] == [0.0, 1.0, 1.0, 1.0]
     assert ahead["metrics"]["async/staleness"] == [0.0, 1.0, 1.0, 1.0]
     for batch in ahead["batches"]:
+        # vLLM's finish reasons reach trl_ext.grpo.finish_reasons for a replayed answer as for a direct one
+        assert batch["finish_reasons"] is not None and len(batch["finish_reasons"]) == len(batch["rows"])
         expected = max(batch["step"] - 1, 0)
         assert {row["version"] for row in batch["rows"]} == {expected}, batch["step"]
         assert all(batch["step"] - row["version"] <= 1 for row in batch["rows"])

@@ -105,7 +105,8 @@ def run(url: str, model_dir: str, out_dir: Path, group_port: int, name: str, **c
                         "is_ratio": batch["importance_sampling_ratio"][i][mask[i]].tolist(),
                     }
                 )
-            record = {"step": step, "rows": rows}
+            reasons = getattr(self.vllm_generation, "finish_reasons", None)  # vLLM's word on this batch, if any
+            record = {"step": step, "rows": rows, "finish_reasons": None if reasons is None else reasons.finish_reason}
             if self.args.padding_free:
                 record["padding_free_loss_diff"] = padding_free_loss_diff(self, batch)
             batches.append(record)
