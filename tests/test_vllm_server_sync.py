@@ -36,6 +36,7 @@ from vllm_async_checks import (  # noqa: F401 -- issue 30's checks, collected he
     test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo,
     test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_sampler,
     test_async_staleness_zero_is_the_synchronous_path,
+    test_async_under_ddp_two_processes_and_across_an_epoch,
 )
 from vllm_helpers import (
     KV_CACHE_BYTES,

@@ -4,8 +4,9 @@ Starting `trl vllm-serve` costs 30-100 s here, so these checks share that module
 `run_async` before the run that kills the server, and the module imports the tests below (pytest collects them
 there, with its fixture). `run_async` runs tests/scripts/vllm_async.py in a child process: four trainers, one after
 another, 4 optimizer steps each on 32 completions of the 8 training prompts (learning rate 5e-2, so each step
-moves the log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request.
-The child costs about 20-45 s here (no server start).
+moves the log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request;
+then under torchrun with 2 processes, a synchronous and an async run. Both children cost about 30-60 s here (no
+server start).
 """
 
 from __future__ import annotations
@@ -25,19 +26,31 @@ STALE_GAP = 1.0  # the same tokens under the scoring weights differ by more (mea
 RATIO_TOL = 1e-4  # TRL's importance ratio vs exp(scorer - sampler) of the plain forwards, clipped (measured 4e-6)
 
 
-def run_async(root: Path, port: int, model: str) -> dict:
-    """Runs tests/scripts/vllm_async.py against the server on `port`; its result, or `{"error": log tail}`."""
-    out = root / "async"
-    out.mkdir()
-    log = root / "async.log"
-    argv = [sys.executable, str(SCRIPTS / "vllm_async.py"), f"http://127.0.0.1:{port}", model, str(out)]
-    started = time.monotonic()
+def _child(argv: list[str], log: Path) -> str | None:
+    """Runs `argv`; None when it succeeded, else the log's tail (so a failure fails only the async tests)."""
     with open(log, "w") as handle:
-        proc = subprocess.run([*argv, str(free_port())], env=child_env(), stdout=handle, stderr=subprocess.STDOUT,
-                              timeout=900)  # fmt: skip
-    if proc.returncode != 0:
-        return {"error": "\n".join(log.read_text(errors="replace").splitlines()[-40:])}
-    return {**json.loads((out / "result.json").read_text()), "seconds": time.monotonic() - started}
+        proc = subprocess.run(argv, env=child_env(), stdout=handle, stderr=subprocess.STDOUT, timeout=900)
+    return None if proc.returncode == 0 else "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+
+
+def run_async(root: Path, port: int, model: str) -> dict:
+    """Runs tests/scripts/vllm_async.py against the server on `port`, in one process and then under torchrun with
+    two; its records (`ddp`: one per rank), or `{"error": log tail}`."""
+    out, ddp = root / "async", root / "async_ddp"
+    out.mkdir()
+    ddp.mkdir()
+    url, script = f"http://127.0.0.1:{port}", str(SCRIPTS / "vllm_async.py")
+    started = time.monotonic()
+    error = _child([sys.executable, script, url, model, str(out), str(free_port())], root / "async.log")
+    if error is None:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+                    f"--master_port={free_port()}"]  # fmt: skip
+        error = _child([*torchrun, script, url, model, str(ddp), str(free_port()), "ddp"], root / "async_ddp.log")
+    if error is not None:
+        return {"error": error}
+    result = json.loads((out / "result.json").read_text())
+    result["ddp"] = [json.loads((ddp / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
+    return {**result, "seconds": time.monotonic() - started}
 
 
 def _async(runs: dict) -> dict:
@@ -136,3 +149,22 @@ def test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo(
         assert batch["padding_free_loss_diff"] < 1e-5
         for row in batch["rows"]:
             assert max(abs(e - s) for e, s in zip(row["engine"], row["sampler_forward"], strict=True)) < LOGP_TOL
+
+
+def test_async_under_ddp_two_processes_and_across_an_epoch(runs):
+    """Two training processes (torchrun, DDP over gloo), 4 prompts a step from 8 (a new epoch at step 2): every
+    rank gets the prompts of the synchronous DDP run in the same order; versions 0, 0, then 2 (the first batch of an
+    epoch is generated on demand: the next epoch's dataloader does not exist yet), then 2 (requested ahead); both
+    ranks log the same losses and staleness (the collectives of the async path, gathering the prompts and
+    broadcasting the answer and its version, run in the same order on both), and no push met a running request."""
+    ranks = _async(runs)["ddp"]
+    assert ranks[0]["ddp_staleness1"]["losses"] == ranks[1]["ddp_staleness1"]["losses"]
+    for rank in ranks:
+        sync, ahead = rank["ddp_sync"], rank["ddp_staleness1"]
+        assert ahead["global_step"] == 4
+        assert _prompts(ahead) == _prompts(sync)
+        assert [sorted({row["version"] for row in b["rows"]}) for b in ahead["batches"]] == [[0], [0], [2], [2]]
+        assert ahead["metrics"]["async/staleness"] == [0.0, 1.0, 0.0, 1.0]
+        assert ahead["metrics"]["async/prefetched"] == [0.0, 1.0, 0.0, 1.0]
+        assert ahead["pushes"] == {"count": 4, "during_generation": 0}
+    assert _prompts(ranks[0]["ddp_sync"]) != _prompts(ranks[1]["ddp_sync"])  # each rank trains its own rows

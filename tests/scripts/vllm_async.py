@@ -11,6 +11,9 @@ weights first):
 - `midbatch`: 2 optimizer steps per generation batch, `max_staleness=1` (the next batch requested after the first
   step), with dynamic sampling, `padding_free` and the Dr. GRPO axes.
 
+With a fifth argument `ddp` (under torchrun, 2 processes) it trains `ddp_sync` and `ddp_staleness1` instead, on the
+8 prompts once per epoch (a new epoch at step 2), and each rank writes OUT_DIR/result_rank<R>.json.
+
 Each run records per generation batch: the step it was scored at, its rows' `policy_version`, prompts, the server's
 log-probs of the sampled tokens, TRL's old log-probs and importance ratio (`token_truncate`), and two plain forwards
 (no TRL code) of the same tokens: with the weights of the version that sampled them and with the weights that
@@ -61,7 +64,9 @@ def padding_free_loss_diff(trainer, batch) -> float:
     return abs(losses[1] - losses[0])
 
 
-def run(url: str, model_dir: str, out_dir: Path, group_port: int, name: str, **config) -> tuple[dict, dict]:
+def run(
+    url: str, model_dir: str, out_dir: Path, group_port: int, name: str, epoch_prompts: int = 4, **config
+) -> tuple[dict, dict]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -140,7 +145,7 @@ def run(url: str, model_dir: str, out_dir: Path, group_port: int, name: str, **c
         model,
         id_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * epoch_prompts}),
         processing_class=tokenizer,
         callbacks=[Snapshots()],
     )
@@ -159,7 +164,8 @@ def run(url: str, model_dir: str, out_dir: Path, group_port: int, name: str, **c
     try:
         trainer.train()
     finally:
-        generation.vllm_client.close_communicator()  # the next run joins the server's group anew
+        if getattr(generation, "vllm_client", None) is not None:  # the main process's
+            generation.vllm_client.close_communicator()  # the next run joins the server's group anew
     for batch in batches:
         for row in batch["rows"]:
             prompt, completion = row.pop("ids")
@@ -178,38 +184,49 @@ def run(url: str, model_dir: str, out_dir: Path, group_port: int, name: str, **c
     return result, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def main(url: str, model_dir: str, out_dir: Path, group_port: int) -> None:
+def main(url: str, model_dir: str, out_dir: Path, group_port: int, ddp: bool = False) -> None:
+    import os
+
     import torch
 
     torch.set_num_threads(1)
-    runs = {
-        "sync": {},
-        "staleness0": dict(async_rollouts=True, max_staleness=0),
-        # Up to 64 tokens per completion (the engine model rarely samples EOS): the server takes longer than a
-        # training step, so the trainer waits for the batches requested ahead, and a weight push that did not wait
-        # would land mid-generation (vLLM's CPU worker then fails on the half-reloaded layers).
-        "staleness1": dict(async_rollouts=True, max_staleness=1, max_completion_length=64),
-        # 16 completions per generation batch, 2 optimizer steps of 8; the next batch is asked for after step 1.
-        "midbatch": dict(
-            async_rollouts=True,
-            max_staleness=1,
-            steps_per_generation=2,
-            dynamic_sampling=True,
-            padding_free=True,
-            pg_loss_type="grpo_clip",
-            epsilon=0.2,
-            advantage_type="group_mean",
-            length_normalization="masked_normalize",
-        ),
-    }
+    if ddp:  # under torchrun, 2 processes: the collectives of the async path in the same order on both
+        # The 8 prompts once: 4 prompts (16 completions) a step, so a new epoch starts at step 2.
+        once = dict(epoch_prompts=1)
+        runs = {"ddp_sync": once, "ddp_staleness1": dict(async_rollouts=True, max_staleness=1, **once)}
+    else:
+        runs = SINGLE_PROCESS_RUNS
     results, reference = {}, None
     for name, config in runs.items():
         results[name], params = run(url, model_dir, out_dir, group_port, name, **config)
         if reference is None:
             reference = params
         results[name]["param_diff_vs_sync"] = max((params[k] - reference[k]).abs().max().item() for k in params)
-    (out_dir / "result.json").write_text(json.dumps(results))
+    name = f"result_rank{os.environ['RANK']}.json" if ddp else "result.json"
+    (out_dir / name).write_text(json.dumps(results))
+
+
+SINGLE_PROCESS_RUNS = {
+    "sync": {},
+    "staleness0": dict(async_rollouts=True, max_staleness=0),
+    # Up to 64 tokens per completion (the engine model rarely samples EOS): the server takes longer than a
+    # training step, so the trainer waits for the batches requested ahead, and a weight push that did not wait
+    # would land mid-generation (vLLM's CPU worker then fails on the half-reloaded layers).
+    "staleness1": dict(async_rollouts=True, max_staleness=1, max_completion_length=64),
+    # 16 completions per generation batch, 2 optimizer steps of 8; the next batch is asked for after step 1.
+    "midbatch": dict(
+        async_rollouts=True,
+        max_staleness=1,
+        steps_per_generation=2,
+        dynamic_sampling=True,
+        padding_free=True,
+        pg_loss_type="grpo_clip",
+        epsilon=0.2,
+        advantage_type="group_mean",
+        length_normalization="masked_normalize",
+    ),
+}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), ddp=sys.argv[5:] == ["ddp"])
