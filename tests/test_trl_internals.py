@@ -262,3 +262,43 @@ def test_vllm_outputs_the_finish_reason_record_follows():
     assert _params(VLLMClient._post) == ["self", "url", "kwargs"], _changed(f"VLLMClient._post ({where})")
     fields = {f.name for f in dataclasses.fields(CompletionOutput)}
     assert {"token_ids", "finish_reason", "stop_reason"} <= fields, f"vLLM's CompletionOutput fields changed ({where})"
+
+
+def test_what_async_rollouts_rely_on():
+    # trl_ext/grpo/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training loop's
+    # `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload with
+    # the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
+    # TRL's `sync_weights` guarded by `_last_loaded_step`; `_prepare_inputs` generates every `generate_every` steps.
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    where = "trl_ext/grpo/async_rollouts.py, trl_ext/grpo/rollout_worker.py"
+    expected = {
+        VLLMClient.generate: [
+            'payload = {\n            "model": self.model,\n            "prompt": prompts,',
+            'choices = self._post(f"{self.base_url}/v1/completions", json=payload)["choices"]',
+        ],
+        VLLMGeneration.generate: ["all_prompts = gather_object(prompts)", "all_prompts[::num_generations]"],
+        GRPOTrainer._generate_single_turn: [
+            "if self.state.global_step != self._last_loaded_step:",
+            "self.vllm_generation.sync_weights()",
+        ],
+        GRPOTrainer._generate: ["prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)"],
+        GRPOTrainer._prepare_inputs: [
+            "generate_every = self.args.steps_per_generation * self.num_iterations",
+            "if self._step % generate_every == 0 or self._buffered_inputs is None:",
+        ],
+    }
+    for method, lines in expected.items():
+        source = inspect.getsource(method)
+        for line in lines:
+            assert line in source, _changed(f"{method.__qualname__} no longer has `{line}` ({where})")
+    got = _params(GRPOTrainer._generate_single_turn)
+    single_turn = ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"]
+    assert got == single_turn, _changed(f"GRPOTrainer._generate_single_turn{tuple(got)} ({where})")
+    got = _params(transformers.Trainer.get_batch_samples)
+    batch_samples = ["self", "epoch_iterator", "num_batches", "device"]
+    assert got == batch_samples, f"transformers' Trainer.get_batch_samples{tuple(got)} ({where})"
+    loop = inspect.getsource(transformers.Trainer)
+    assert "self.get_batch_samples(epoch_iterator, num_batches, self.args.device)" in loop, where
+    assert hasattr(transformers.Trainer, "_get_num_items_in_batch"), where
