@@ -20,9 +20,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_logged(args: list[str], log: Path, name: str) -> float:
-    """`python ARGS` in `child_env()`, output to `log`; returns its wall seconds, or raises with the log's tail."""
-    cmd = [sys.executable, *args]
+def child_env_changes() -> dict[str, str]:
+    """The variables `child_env()` sets or changes on top of this process's environment."""
+    return {key: value for key, value in child_env().items() if os.environ.get(key) != value}
+
+
+def run_logged(args: list[str], log: Path, name: str, prefix: tuple[str, ...] = ()) -> float:
+    """`python ARGS` in `child_env()` (after `prefix`, e.g. `taskset -c 1`), output to `log`; returns its wall
+    seconds, or raises with the log's tail."""
+    cmd = [*prefix, sys.executable, *args]
     print("$", " ".join(cmd), f"> {log}", flush=True)
     started = time.perf_counter()
     with open(log, "w") as out:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _runs import child_env  # noqa: E402
+from _runs import child_env, child_env_changes, run_logged  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "async.json"
 SERVER_FLAGS = ["--max_model_len", "64", "--enforce_eager", "--kv-cache-memory-bytes", str(256 * 2**20)]
@@ -302,7 +302,7 @@ def start_server(model: str, port: int, log: Path):
 
     flags, _ = cpu_server_args(SERVER_FLAGS, None, "float32")
     command = server_command(model, "127.0.0.1", port, 1, 1, [], flags)
-    command = pin(Command(command.argv, child_env()), [0])
+    command = pin(Command(command.argv, child_env_changes()), [0])
     print("$", command.render(), f"> {log}", flush=True)
     server = ServerProcess(command, log, f"http://127.0.0.1:{port}/health", grace=10)
     server.start()
@@ -315,15 +315,7 @@ def start_server(model: str, port: int, log: Path):
 
 
 def child(argv: list[str], log: Path, cores: str) -> float:
-    cmd = ["taskset", "-c", cores, sys.executable, *argv]
-    print("$", " ".join(cmd), f"> {log}", flush=True)
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"{' '.join(argv[:3])} failed ({proc.returncode}); last lines of {log}:\n{tail}")
-    return time.perf_counter() - started
+    return run_logged(argv, log, " ".join(argv[:3]), prefix=("taskset", "-c", cores))
 
 
 def main() -> None:
