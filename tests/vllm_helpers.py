@@ -122,3 +122,19 @@ def marked_processes(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def id_reward(completion_ids, **kwargs) -> list[float]:
+    """`(sum of token ids mod 5) / 4`: deterministic, with spread inside most groups (TRL's reward protocol)."""
+    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
+
+
+def forward_logps(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    """Log-probs of `completion_ids` after `prompt_ids` from one plain float32 forward (no TRL code)."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([prompt_ids + completion_ids])
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (T, V)
+        logps = torch.log_softmax(logits, dim=-1)
+        return logps.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()

@@ -31,24 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vllm_helpers import forward_logps, id_reward  # noqa: E402
+
 PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
 STEPS = 4
-
-
-def id_reward(completion_ids, **kwargs) -> list[float]:
-    """`(sum of token ids mod 5) / 4`: deterministic, with spread inside most groups."""
-    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
-
-
-def forward_logps(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-    """Log-probs of `completion_ids` after `prompt_ids` from one plain forward."""
-    import torch
-
-    with torch.no_grad():
-        ids = torch.tensor([prompt_ids + completion_ids])
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (T, V)
-        logps = torch.log_softmax(logits, dim=-1)
-        return logps.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
 
 
 def padding_free_loss_diff(trainer, batch) -> float:

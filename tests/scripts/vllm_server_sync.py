@@ -31,6 +31,8 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS.parent))
 sys.path.insert(0, str(TESTS))
 
+from vllm_helpers import forward_logps, id_reward  # noqa: E402
+
 FIXED_PROMPTS = ["abc", "hello", "12+3", "xyz"]
 TRAIN_PROMPTS = ["abc", "hello", "12+3", "xyz", "qq", "Zeta", "R1", "w"]
 MAX_TOKENS = 8
@@ -39,24 +41,9 @@ LEARN = dict(per_device_train_batch_size=16, learning_rate=3e-2)
 CHECK = dict(per_device_train_batch_size=8, learning_rate=5e-2)
 
 
-def id_reward(completion_ids, **kwargs) -> list[float]:
-    """`(sum of token ids mod 5) / 4`: deterministic, with spread inside most groups."""
-    return [float(sum(ids) % 5) / 4 for ids in completion_ids]
-
-
 def digit_share(completions, **kwargs) -> list[float]:
     """Share of the completion's characters that are digits: the toy model learns it in a few dozen steps."""
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
-
-
-def forward_logps(model, prompt: list[int], completion: list[int]) -> list[float]:
-    """Log-probs of `completion` after `prompt` from one plain forward (no TRL code)."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-        logps = torch.log_softmax(logits, dim=-1)  # (T, V)
-        return logps.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
 def server_check(trainer, initial, prompts: list[list[int]]) -> dict:
