@@ -151,7 +151,7 @@ DIFFS = {
         f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
         for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
     },
-    # seed 000 on its one A100 80 GB: each run with vLLM colocated on the training GPU (issue 31 item 3)
+    # seed 000 on one GPU (it names one A100, not its size): each run with vLLM colocated on it (issue 31 item 3)
     **{
         f"countdown/seed000_{run}{precision}_1gpu.yaml": (
             f"countdown/seed000_{run}{precision}.yaml",
