@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trl_ext.discover import FAILURE_PROMPT, SUCCESS_PROMPT
 from trl_ext.rewards.kissing import run_points_program, verify_kissing_configuration
 from trl_ext.rewards.kissing_constructions import (
     configuration_program,
@@ -20,6 +21,7 @@ from trl_ext.rewards.kissing_constructions import (
     quadruple_packing,
     root_system_dn,
 )
+from trl_ext.tasks.kissing import ANSWER_FORMAT, kissing_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 D11 = configuration_program(root_system_dn(11))
@@ -118,11 +120,15 @@ def test_discover_against_a_scripted_server_over_http(tmp_path):
     # The verifier's message of round 1's best attempt (the program that ran) is fed back in round 2.
     assert len(server.requests) == 3 and all(r["n"] == 2 for r in server.requests)
     first, second, third = (r["messages"] for r in server.requests)
-    assert [m["role"] for m in first] == ["system", "user"] and "dimension 11" in first[1]["content"]
+    assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == kissing_prompt(11)
     assert second[-2] == {"role": "assistant", "content": _block(LONG)}
-    assert second[-1]["role"] == "user" and LONG_MESSAGE in second[-1]["content"]
-    assert "Score: 0. Best score so far: 0." in second[-1]["content"]
-    assert "Score: 220. Best score so far: 220." in third[-1]["content"]
+    # round 1's best failed: seed 002's failure prompt with the verifier's exact message; round 2's was valid: its
+    # success prompt with the score
+    assert second[-1] == {
+        "role": "user",
+        "content": f"{FAILURE_PROMPT.format(message=LONG_MESSAGE)}\n\n{ANSWER_FORMAT}",
+    }
+    assert third[-1] == {"role": "user", "content": f"{SUCCESS_PROMPT.format(score=220)}\n\n{ANSWER_FORMAT}"}
 
     # program.py is the best valid program; it is valid on its own when run again through sandbox and verifier.
     assert (out / "program.py").read_text() == CODE582
@@ -207,7 +213,9 @@ def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
     assert valid and all(a["score"] == 220 for a in valid)
     assert log["history"][-1] == 220 and (out / "program.py").read_text() == D11
     # the second round's prompt carries the first round's feedback
-    assert log["rounds"][1]["messages"][-1]["content"].startswith("The verifier's verdict on your program: ")
+    assert log["rounds"][1]["messages"][-1]["content"].startswith(
+        ("Your previous attempt failed", "Your previous set")
+    )
 
 
 @pytest.mark.parametrize(

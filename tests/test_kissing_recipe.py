@@ -31,11 +31,10 @@ def test_recipe_parses_with_the_kissing_reward_and_prompt():
     assert train[0]["prompt"] == [{"role": "user", "content": kissing_prompt(11)}]
 
 
-def test_prompt_states_the_task_and_the_seed_bounds():
-    text = kissing_prompt(11, 10.0)
-    assert "Z^11" in text and "min_{x != y in C} ||x - y|| >= max_{x in C} ||x||" in text
-    assert "Known bounds: 595 <= tau_11 <= 870." in text and "10 s" in text
-    assert "Known bounds" not in kissing_prompt(5)  # the seed quotes bounds for dimension 11 only
+def test_prompt_is_the_seeds_for_any_dimension():
+    """Seed 002's baseline prompt names 11 dimensions; another dimension changes that number alone."""
+    assert kissing_prompt(5) == kissing_prompt(11).replace("in 11 dimensions", "in 5 dimensions")
+    assert kissing_prompt(5) != kissing_prompt(11) and kissing_prompt(11).count("11") == 1
 
 
 def test_loader_reads_dimensions_from_a_file_and_names_a_bad_row(tmp_path):

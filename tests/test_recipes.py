@@ -100,7 +100,7 @@ DIFFS = {
     "countdown/seed001.yaml": (
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs", "temperature", "vllm_gpu_memory_utilization"}
-        | {"dataset_source", "dataset_split", "eval_source", "eval_split"},
+        | {"dataset_source", "dataset_split", "eval_source", "eval_split", "model_init_kwargs"},  # + FlashAttention-2
     ),
     **{f"countdown/seed001_lr_{lr}.yaml": ("countdown/seed001.yaml", {"learning_rate"}) for lr in LRS},
     "countdown/seed001_no_baseline.yaml": (
@@ -151,7 +151,7 @@ DIFFS = {
         f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
         for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
     },
-    # seed 000 on its one A100 80 GB: each run with vLLM colocated on the training GPU (issue 31 item 3)
+    # seed 000 on one GPU (it names one A100, not its size): each run with vLLM colocated on it (issue 31 item 3)
     **{
         f"countdown/seed000_{run}{precision}_1gpu.yaml": (
             f"countdown/seed000_{run}{precision}.yaml",
@@ -180,7 +180,10 @@ DIFFS = {
         | {"dtype", "use_vllm", "eval_steps", "eval_limit"},
     ),
     "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
-    "math/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
+    "math/r1_zero.yaml": (  # FlashAttention-2 as seed 001 loads the same model (tests/test_preflight_attention.py)
+        "grpo_defaults.yaml",
+        {"model_name_or_path", "prompt", "chat_template", "reward_funcs", "model_init_kwargs"},
+    ),
     **{key: value for task in ("gsm8k", "math") for key, value in _seed_ablations(task).items()},
     "kissing/grpo.yaml": (
         "grpo_defaults.yaml",

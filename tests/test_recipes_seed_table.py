@@ -62,6 +62,11 @@ def _eval_data(task, script, args, model):
     return MATH_TEST_HUB_ID if task == "math" and script.eval_split != "train" else DEFAULT_SOURCES[task][0]
 
 
+def _attention(task, script, args, model):
+    """The attention the recipe asks `from_pretrained` for: `model_init_kwargs` over ModelConfig's field."""
+    return (args.model_init_kwargs or {}).get("attn_implementation", model.attn_implementation)
+
+
 def _prompt_text(task, script, args, model):
     """The recipe's rendered prompt: Countdown on seed 001's example problem, the others with `{question}`."""
     if task == "countdown":
@@ -111,12 +116,13 @@ READ = {
     "gradient_checkpointing": lambda t, s, a, m: a.gradient_checkpointing,
     "prompt_text": _prompt_text,
     "enable_thinking": lambda t, s, a, m: (a.chat_template_kwargs or {}).get("enable_thinking"),
+    "attn_implementation": _attention,
 }
 # Expert iteration (recipes/expert_iteration.py): the GRPO readers that apply, and the EI step's own fields.
 READ_EI = {
     **{k: READ[k] for k in ("model", "train_data", "validation_examples_min", "prompt", "reward", "stop")},
     **{k: READ[k] for k in ("temperature", "top_p", "min_tokens", "max_tokens", "group_size", "learning_rate")},
-    **{k: READ[k] for k in ("max_grad_norm", "use_vllm", "dtype", "prompt_text")},
+    **{k: READ[k] for k in ("max_grad_norm", "use_vllm", "dtype", "prompt_text", "attn_implementation")},
     "n_ei_steps": lambda t, s, a, m: a.n_ei_steps,
     "questions_per_step": lambda t, s, a, m: a.questions_per_step,
     "sft_epochs": lambda t, s, a, m: a.sft_epochs,
@@ -128,6 +134,7 @@ READ_SFT = {
     "sft_examples": lambda t, s, a, m: s.limit,
     "max_grad_norm": lambda t, s, a, m: a.max_grad_norm,
     "dtype": lambda t, s, a, m: m.dtype,
+    "attn_implementation": READ["attn_implementation"],
     "validation_temperature": lambda t, s, a, m: s.accuracy_temperature,
     "validation_max_tokens": lambda t, s, a, m: s.accuracy_max_tokens,
     "prompt": lambda t, s, a, m: s.accuracy_prompt,

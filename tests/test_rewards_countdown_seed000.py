@@ -2,8 +2,10 @@
 Countdown reward (`binary=True`, `countdown_binary`).
 
 The seed's asserts are checked as the seed writes them; the rule's grammar is checked against an independent oracle:
-Python's own parser (`ast`) on the seed's character set, with the node whitelist extended by unary `+` / `-` (what
-the seed's `eval`-based `_evaluate_equation` accepts) and `Counter` for "each number at most once".
+the seed's character set ("digits, spaces, +, -, *, /, (, )": the space is its only whitespace) on the raw string,
+then Python's own parser (`ast`) reading the raw string as `eval` reads it, with the node whitelist extended by
+unary `+` / `-` (what the seed's `eval`-based `_evaluate_equation` accepts) and `Counter` for "each number at most
+once". The oracle itself is checked against a real `eval` on test strings of that character set (our own input).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import operator
 import pickle
 import random
 import re
+import warnings
 from collections import Counter
 from fractions import Fraction
 
@@ -22,8 +25,9 @@ import pytest
 from trl_ext.rewards import REWARD_FUNCS, CountdownReward, countdown_reward_fn, get_reward_funcs
 from trl_ext.rewards.countdown import MAX_EQUATION_CHARS, seed000_answer_value, validate_numbers
 from trl_ext.rewards.exact_arithmetic import evaluate_exact
+from trl_ext.rewards.seed000 import _evaluate_equation
 
-_SEED_CHARS = re.compile(r"[0-9+\-*/()\s]+")
+_SEED_CHARS = re.compile(r"[0-9+\-*/() ]+")  # the seed's list: the literal space, no other whitespace
 
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: lambda a, b: Fraction(a) / b}
@@ -41,17 +45,35 @@ def _node_value(node):
     raise ValueError
 
 
-def oracle(answer: str, numbers: list[int]):
-    """The seed's rule by Python's parser: its characters, `eval`'s grammar minus `**` / `//`, numbers at most once."""
+def parse_as_eval(text: str) -> ast.expr:
+    """The tree `eval(text)` runs: `eval` skips leading spaces and tabs of a string first (`compile` alone raises
+    IndentationError on `" 1+2"`; `test_the_oracle_reads_as_eval_does` pins both)."""
+    return compile(text.lstrip(" \t"), "<answer>", "eval", ast.PyCF_ONLY_AST).body
+
+
+def oracle(answer: str, numbers: list[int] | None = None):
+    """The seed's rule by Python's parser on the raw string: its characters, `eval`'s grammar minus `**` / `//`,
+    numbers at most once (not checked when `numbers` is None)."""
     if len(" ".join(answer.split())) > MAX_EQUATION_CHARS or not _SEED_CHARS.fullmatch(answer):
         return None
-    used, given = Counter(int(t) for t in re.findall(r"[0-9]+", answer)), Counter(numbers)
-    if any(used[n] > given[n] for n in used):
-        return None
+    if numbers is not None:
+        used, given = Counter(int(t) for t in re.findall(r"[0-9]+", answer)), Counter(numbers)
+        if any(used[n] > given[n] for n in used):
+            return None
     try:
-        return _node_value(compile(" ".join(answer.split()), "<answer>", "eval", ast.PyCF_ONLY_AST).body)
+        return _node_value(parse_as_eval(answer))
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
         return None
+
+
+def eval_or_none(text: str):
+    """A real `eval` on a test string (never on model output), None where it raises."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # `2(3)`: "'int' object is not callable; perhaps you missed..."
+        try:
+            return eval(text, {"__builtins__": {}})  # noqa: S307 (our own strings of digits, operators and spaces)
+        except (SyntaxError, TypeError, ZeroDivisionError):
+            return None
 
 
 def test_the_seeds_own_asserts():
@@ -104,14 +126,84 @@ def test_every_shape_up_to_five_characters_against_pythons_parser():
     assert (valid, valid_default) == (138, 52)  # pinned: the shapes unary signs add (`-0`, `0*-0`, `-(0)`, ...)
 
 
+_WHITESPACE = [" ", "  ", "\n", "\t", "\r", "\x0b", "\x0c", "\u00a0", "\u2003"]
+
+
 def test_random_answers_against_pythons_parser():
+    """Raw strings, whitespace of every kind anywhere (leading and trailing too): nothing is collapsed or stripped."""
     rng = random.Random(1)
-    alphabet = list("0123456789+-*/() \n") + ["**", "//", "=", ".", "x", "07", "--", "-(", "\u00a0"]
+    alphabet = list("0123456789+-*/() ") + ["**", "//", "=", ".", "x", "07", "--", "-(", *_WHITESPACE]
+    invalid_by_whitespace = 0
     for _ in range(5_000):
         numbers = [rng.randint(1, 20) for _ in range(rng.choice([3, 4]))]
-        pieces = [str(rng.choice(numbers)) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(12)]
-        text = "".join(pieces).strip()
-        assert seed000_answer_value(text, numbers) == oracle(text, numbers), (text, numbers)
+        if rng.random() < 0.5:  # random pieces
+            pieces = [str(rng.choice(numbers)) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(12)]
+        else:  # a well-formed equation with whitespace of any kind between (or before, after) its tokens
+            pieces = [rng.choice(["", "(", "-"]), str(rng.choice(numbers))]
+            for _ in range(rng.randint(1, 3)):
+                pieces += [rng.choice("+-*/"), str(rng.choice(numbers))]
+            pieces.append(")" if pieces[0] == "(" else "")
+            pieces = [p + rng.choice(_WHITESPACE) if rng.random() < 0.3 else p for p in pieces]
+        text = "".join(pieces)
+        expected = oracle(text, numbers)
+        assert seed000_answer_value(text, numbers) == expected, (text, numbers)
+        free = oracle(text)  # `_evaluate_equation` has no number rule
+        assert _evaluate_equation(text) == (None if free is None else float(free)), text
+        spaces_only = "".join(" " if c.isspace() else c for c in text)
+        invalid_by_whitespace += expected is None and oracle(spaces_only, numbers) is not None
+    assert invalid_by_whitespace > 500  # the whitespace cases are really exercised, not all invalid for other reasons
+
+
+def test_the_oracle_reads_as_eval_does():
+    """On strings of the seed's characters (leading spaces included), the oracle's parse is `eval`'s verdict."""
+    assert eval_or_none(" 1+2") == 3 and eval_or_none("  (1+2) ") == 3  # eval skips leading spaces
+    with pytest.raises(IndentationError):
+        compile(" 1+2", "<answer>", "eval")  # compile does not: hence `parse_as_eval`
+    rng = random.Random(2)
+    alphabet = list("0123456789+-*/() ") + ["  ", "-(", "07"]
+    agree = valid = 0
+    for _ in range(3_000):
+        text = "".join(str(rng.randint(0, 20)) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(10))
+        if "**" in text or "//" in text:  # outside the seed's rule (and a power could run for ever)
+            continue
+        want, got = eval_or_none(text), oracle(text)
+        assert (want is None) == (got is None), text
+        assert got is None or float(got) == pytest.approx(want, rel=1e-12, abs=1e-12), text
+        agree += 1
+        valid += got is not None
+    assert agree > 2_500 and valid > 200
+
+
+@pytest.mark.parametrize(
+    ("equation", "value", "eval_value"),
+    [
+        # (the equation, the seed-000 rule's value, what a bare `eval` gives)
+        ("1 +\n2", None, None),  # a line break inside the expression: eval raises SyntaxError
+        ("79 -\n(60 - 17)", None, None),  # the same in the issue's answer for target 36
+        ("(1 +\n2)", None, 3),  # eval joins lines inside parentheses, but a line break is not in the seed's list
+        ("1\t+ 2", None, 3),  # nor a tab
+        ("\t1+2", None, 3),  # eval skips a leading tab; still not a character the seed admits
+        ("1 +\u00a02", None, None),  # a no-break space: eval raises SyntaxError, and it is not a space either
+        (" 1 + 2", 3.0, 3),  # leading spaces: eval skips them (compile alone would raise IndentationError)
+        ("1 + 2  ", 3.0, 3),
+        ("1 2", None, None),  # a space between two numbers: SyntaxError
+        ("2 * -3 + 12", 6.0, 6),
+        ("2* *3", None, None),  # `* *` is not `**`
+    ],
+)
+def test_whitespace_as_the_seed_and_eval_read_it(equation, value, eval_value):
+    assert eval_or_none(equation) == eval_value  # what eval does, checked here rather than assumed
+    assert _evaluate_equation(equation) == value
+    numbers = [int(t) for t in re.findall(r"[0-9]+", equation)]
+    assert seed000_answer_value(equation, numbers) == value == oracle(equation, numbers)
+
+
+def test_a_line_break_inside_the_answer_earns_the_format_reward():
+    truth = {"numbers": [79, 60, 17], "target": 36}
+    assert countdown_reward_fn("<answer>79 -\n(60 - 17)</answer>", truth, seed000=True) == 0.1
+    assert countdown_reward_fn("<answer>\n79 - (60 - 17)\n</answer>", truth, seed000=True) == 1.0  # stripped ends
+    assert countdown_reward_fn("<answer>79 - (60 - 17)</answer>", truth, seed000=True) == 1.0
+    assert countdown_reward_fn("<answer>79 -\n(60 - 17)</answer>", truth, require_all=False) == 1.0  # not seed 000's
 
 
 def test_registry_name_pickle_and_argument_checks():

@@ -45,6 +45,9 @@ def test_task1_verifier_asserts_as_the_seed_writes_them():
         ("2**3", None),  # not one of the four operations
         ("1/0", None),
         ("07+1", None),  # a leading zero is not a Python integer
+        ("1 +\n2", None),  # a line break: not among the seed's characters (and eval raises SyntaxError)
+        ("1\t+ 2", None),  # a tab: not a space
+        (" 1 + 2 ", 3.0),  # spaces, leading ones included: eval skips them
     ],
 )
 def test_task1_evaluate_equation(equation, value):

@@ -116,3 +116,23 @@ def test_question_only_and_countdown_templates():
         in text
     )
     assert format_prompt("compact", numbers="[14, 1, 10]", target=5) == "[14, 1, 10] -> 5 :"
+
+
+def test_kissing_prompts_as_seed_002_prints_them():
+    """Section 7.4's three prompts: the task (baseline), and the loop's turns after a failed and a valid attempt. The
+    seed's example error and its "[Your Score]" fill the placeholders; each prompt is followed by our one line
+    asking for a fenced program (what the verifier reads)."""
+    from trl_ext.discover import FAILURE_PROMPT, SUCCESS_PROMPT, feedback_prompt
+    from trl_ext.tasks.kissing import ANSWER_FORMAT, KISSING_PROMPT, kissing_prompt
+
+    baseline = seed_prompt("seed002_kissing_baseline.txt")
+    assert KISSING_PROMPT.format(dimension=11) == baseline
+    assert kissing_prompt() == kissing_prompt(11) == f"{baseline}\n\n{ANSWER_FORMAT}"
+    error = "Minimum squared distance 36 < maximum squared norm 40"  # the seed's example
+    assert FAILURE_PROMPT.format(message=error) == seed_prompt("seed002_kissing_failure.txt")
+    assert SUCCESS_PROMPT.format(score="[Your Score]") == seed_prompt("seed002_kissing_success.txt")
+    failed = {"validity": 0.0, "score": 0, "message": error}
+    assert feedback_prompt(failed) == f"{seed_prompt('seed002_kissing_failure.txt')}\n\n{ANSWER_FORMAT}"
+    valid = {"validity": 1.0, "score": 582, "message": "valid"}
+    success = seed_prompt("seed002_kissing_success.txt").replace("[Your Score]", "582")
+    assert feedback_prompt(valid) == f"{success}\n\n{ANSWER_FORMAT}"

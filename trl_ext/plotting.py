@@ -9,6 +9,10 @@ wall-clock time), plus a CSV of every number drawn.
 The x-axes (`step`, `grpo_step`, `validation_step`, `wall_clock`) and how a run's log is read are
 `trl_ext.run_logs`'s.
 
+`--smoothing S` (default `DEFAULT_SMOOTHING`, 0 = off) draws each line smoothed, the raw points faint behind it,
+with the smoothing of wandb's charts by default: its time-weighted exponential moving average, debiased
+(`smooth_ema`). The CSV keeps the raw value and adds the smoothed one.
+
 `--baseline DIR` draws zero-shot reference lines on the validation accuracy panel (`eval_rewards/*/answer_reward`:
 the answer reward without the format bonus): DIR is a `trl-ext eval --recipe ... --max-tokens 256,512,1024` output,
 and each run gets the accuracy at its own `max_completion_length` (from its `trl_ext_run.json`; a run without one
@@ -59,10 +63,37 @@ X_AXES: dict[str, tuple[str, str]] = {
 }
 DEFAULT_X_AXES = ("step", "wall_clock")
 __all__ = [
-    "ACCURACY_PANEL", "DEFAULT_X_AXES", "PANELS", "X_AXES", "RunLog", "find_trainer_state", "grpo_steps", "load_run",
-    "metric_key", "plot_pass_at_n", "plot_runs", "series", "validation_steps", "wall_clock",
+    "ACCURACY_PANEL", "DEFAULT_SMOOTHING", "DEFAULT_X_AXES", "PANELS", "X_AXES", "RunLog", "find_trainer_state",
+    "grpo_steps", "load_run", "metric_key", "plot_pass_at_n", "plot_runs", "series", "smooth_ema",
+    "validation_steps", "wall_clock",
 ]  # fmt: skip
 ACCURACY_PANEL = "validation answer reward"
+#: `trl-ext plot --smoothing`'s default (`plot_runs` draws raw lines unless given one)
+DEFAULT_SMOOTHING = 0.6
+
+
+def smooth_ema(values: list[float], smoothing: float) -> list[float]:
+    """The debiased exponential moving average of wandb's charts (their default smoothing, "time weighted EMA").
+
+    As wandb documents it: the weight is `s = min(sqrt(smoothing), 0.999)`; at each point the running sum of values
+    and the running sum of weights both decay by `s` per unit of x and add the point, and the smoothed value is
+    their ratio (the ratio removes the bias toward 0 of an average started at 0). Here one unit is one logged point:
+    wandb measures it in units of its chart's visible x-range, so on a chart its decay per point depends on how many
+    points are in view, where here it is the same on every panel and x-axis. `smoothing` 0 returns the values.
+
+    Raises:
+        ValueError: `smoothing` outside [0, 1].
+    """
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing must be in [0, 1] (0 = off), got {smoothing}")
+    weight = min(smoothing**0.5, 0.999)
+    total = norm = 0.0
+    smoothed = []
+    for value in values:
+        total = total * weight + value
+        norm = norm * weight + 1.0
+        smoothed.append(total / norm)
+    return smoothed
 
 
 def _unique_names(runs: list[RunLog]) -> None:
@@ -82,6 +113,7 @@ def plot_runs(
     csv_path: str | Path | None = None,
     baseline: str | Path | None = None,
     x_axes: tuple[str, ...] | list[str] = DEFAULT_X_AXES,
+    smoothing: float = 0.0,
 ):
     """Draw every panel for every run against each of `x_axes`.
 
@@ -96,6 +128,9 @@ def plot_runs(
             as a dashed horizontal line labelled `zero-shot L<budget>` on the validation answer reward panel, and
             written to the CSV with key `zero-shot accuracy`.
         x_axes: names of `X_AXES`, in the order of the rows.
+        smoothing: 0 (the default here) draws the logged points; above 0, each line is `smooth_ema` of its points
+            in log order, with the raw points drawn faint (alpha 0.25, no legend entry) behind it; the CSV's
+            `smoothed` column holds the smoothed values (empty when 0).
 
     Returns:
         The matplotlib figure: one block of rows per x-axis, in `x_axes` order, holding the panels with points on
@@ -110,6 +145,7 @@ def plot_runs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    smooth_ema([], smoothing)  # the range check, before anything is read
     x_axes = tuple(x_axes)
     unknown = [axis for axis in x_axes if axis not in X_AXES]
     if unknown or not x_axes:
@@ -135,9 +171,14 @@ def plot_runs(
         for run, key in pairs:
             if key is not None:
                 xs, values = series(run, key)
-                rows_csv += [_csv_row(run.name, title, key, x, v) for x, v in zip(xs, values, strict=True)]
+                smoothed = smooth_ema(values, smoothing) if smoothing else [""] * len(values)
+                rows_csv += [
+                    _csv_row(run.name, title, key, x, v, sm) for x, v, sm in zip(xs, values, smoothed, strict=True)
+                ]
         if title == ACCURACY_PANEL:
-            rows_csv += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a) for b, a in references]
+            rows_csv += [
+                (f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a, "") for b, a in references
+            ]
     # One block of rows per x-axis, holding the panels with points on that axis (train panels have no validation step).
     cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
     blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
@@ -155,9 +196,15 @@ def plot_runs(
             ax.set_title(f"{title} vs {suffix}", fontsize=9)
             ax.set_xlabel(x_label, fontsize=8)
             for run, key in pairs:
-                points = _points(run, key, axis)
-                if points:
-                    ax.plot([p for p, _ in points], [v for _, v in points], marker=".", label=run.name)
+                points = _points(run, key, axis, smoothing)
+                if not points:
+                    continue
+                xs = [p for p, _, _ in points]
+                if smoothing:
+                    (line,) = ax.plot(xs, [v for _, v, _ in points], marker=".", alpha=0.25, label=f"_{run.name} raw")
+                    ax.plot(xs, [sm for _, _, sm in points], color=line.get_color(), label=run.name)
+                else:
+                    ax.plot(xs, [v for _, v, _ in points], marker=".", label=run.name)
             if title == ACCURACY_PANEL:
                 for budget, accuracy in references:
                     ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
@@ -171,25 +218,30 @@ def plot_runs(
     csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value"])
+        writer.writerow(
+            ["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value", "smoothed"]
+        )
         writer.writerows(rows_csv)
     return fig
 
 
-def _points(run: RunLog, key: str | None, axis: str) -> list[tuple[float, float]]:
+def _points(run: RunLog, key: str | None, axis: str, smoothing: float = 0.0) -> list[tuple[float, float, float]]:
+    """`(x, value, smoothed value)` of the points with an `axis` value; smoothed over all the key's points in log
+    order (so every x-axis shows the same smoothed values)."""
     if key is None:
         return []
     xs, values = series(run, key)
-    return [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+    smoothed = smooth_ema(values, smoothing)
+    return [(x[axis], v, sm) for x, v, sm in zip(xs, values, smoothed, strict=True) if x[axis] is not None]
 
 
 def _has_points(pairs: list[tuple[RunLog, str | None]], axis: str) -> bool:
     return any(_points(run, key, axis) for run, key in pairs)
 
 
-def _csv_row(run: str, panel: str, key: str, x: dict, value: float) -> tuple:
+def _csv_row(run: str, panel: str, key: str, x: dict, value: float, smoothed: float | str = "") -> tuple:
     cells = ["" if x[axis] is None else x[axis] for axis in AXES]
-    return (run, panel, key, *cells, value)
+    return (run, panel, key, *cells, value, smoothed)
 
 
 def load_baseline(path: str | Path) -> dict[int, float]:
@@ -278,13 +330,19 @@ def register(app: typer.Typer) -> None:
             "--x",
             help=f"Comma-separated x-axes, one row each: {', '.join(X_AXES)} (GRPO step: rollout batch, or EI step).",
         ),
+        smoothing: float = typer.Option(
+            DEFAULT_SMOOTHING,
+            "--smoothing",
+            help="Smoothing in [0, 1], 0 = off: wandb's default chart smoothing, its time-weighted exponential moving "
+            "average with debiasing (weight sqrt(S) per logged point); the raw points stay drawn faint.",
+        ),
     ) -> None:
         """Training curves (rewards, validation accuracy, entropy, response length, grad norm, clip fraction, losses)
         of several runs against optimizer step, GRPO step, validation step or wall-clock time."""
         names = [s.strip() for s in labels.split(",")] if labels else None
         axes = [a.strip() for a in x.split(",") if a.strip()]
         try:
-            plot_runs(run_dirs, output, labels=names, baseline=baseline, x_axes=axes)
+            plot_runs(run_dirs, output, labels=names, baseline=baseline, x_axes=axes, smoothing=smoothing)
         except (FileNotFoundError, ValueError) as err:
             raise typer.BadParameter(str(err)) from None
         typer.echo(f"wrote {output} and {Path(output).with_suffix('.csv')}")

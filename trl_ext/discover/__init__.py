@@ -9,13 +9,15 @@ numpy load only when a backend or the verifier runs.
 """
 
 from trl_ext.discover.backends import BackendError, OpenAIChatBackend, TransformersChatBackend
-from trl_ext.discover.loop import FEEDBACK_PROMPT, DiscoveryConfig, run_discovery
+from trl_ext.discover.loop import FAILURE_PROMPT, SUCCESS_PROMPT, DiscoveryConfig, feedback_prompt, run_discovery
 
 __all__ = [
-    "FEEDBACK_PROMPT",
+    "FAILURE_PROMPT",
+    "SUCCESS_PROMPT",
     "BackendError",
     "DiscoveryConfig",
     "OpenAIChatBackend",
     "TransformersChatBackend",
+    "feedback_prompt",
     "run_discovery",
 ]

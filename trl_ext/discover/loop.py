@@ -2,9 +2,10 @@
 
 Round 1 sends the task prompt and samples N programs; each runs in the sandbox and goes through the exact verifier
 (`trl_ext.rewards.kissing`). Every later round continues the conversation from the previous round's best attempt
-(the largest valid |C|, else an attempt whose program ran, else any): its reply, then a user turn with the
-verifier's message (`Minimum squared distance 36 < maximum squared norm 40: ...`) and the best score so far, and
-samples N again. N > 1 with one round is Best@N; N = 1 with several rounds is pure refinement.
+(the largest valid |C|, else an attempt whose program ran, else any): its reply, then a user turn in seed 002's
+words (section 7.4): its success prompt with the score when that attempt is valid, else its failure prompt with the
+verifier's exact message (`Minimum squared distance 36 < maximum squared norm 40: ...`), and samples N again.
+N > 1 with one round is Best@N; N = 1 with several rounds is pure refinement.
 
 Written to `output_dir` after every round: `program.py` (the best valid program), `conversation_log.json` (every
 request, reply, program and verdict) and `report.md` (a skeleton with the score history, to complete by hand).
@@ -20,15 +21,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trl_ext.discover.report import write_report
-from trl_ext.tasks.kissing import kissing_prompt
+from trl_ext.tasks.kissing import ANSWER_FORMAT, kissing_prompt
 
-__all__ = ["FEEDBACK_PROMPT", "DiscoveryConfig", "run_discovery"]
+__all__ = ["FAILURE_PROMPT", "SUCCESS_PROMPT", "DiscoveryConfig", "feedback_prompt", "run_discovery"]
 
-FEEDBACK_PROMPT = """\
-The verifier's verdict on your program: {message}
-Score: {score}. Best score so far: {best}.
-Improve the program: find a valid configuration with more points. Reply with the complete program in one \
-```python code block."""
+# Seed 002's refinement turns (section 7.4) in its own words: after a failed attempt, with the verifier's exact
+# message; after a valid one, with its score. Each ends with `ANSWER_FORMAT`, as the task prompt does (the program is
+# read from a fenced block). Pinned to the text typed from the seed (tests/data/seed_prompts/seed002_kissing_*.txt).
+FAILURE_PROMPT = (
+    "Your previous attempt failed with this error: `{message}`. This means the condition was violated. Please "
+    "analyze your set of vectors and propose a new, corrected set that fixes this error."
+)
+SUCCESS_PROMPT = (
+    "Your previous set of vectors was valid and achieved a score of {score}. This is great! Now, can you try to add "
+    "more vectors to this set while still satisfying the condition? For example, can you find a new vector `z` such "
+    "that its norm is no more than the current max norm, and its distance to all other vectors is at least that max "
+    "norm?"
+)
+
+
+def feedback_prompt(attempt: dict) -> str:
+    """The user turn after `attempt`: the seed's success prompt for a valid one, else its failure prompt with the
+    verifier's (or the extraction step's) message."""
+    if attempt["validity"] == 1.0:
+        text = SUCCESS_PROMPT.format(score=attempt["score"])
+    else:
+        text = FAILURE_PROMPT.format(message=attempt["message"])
+    return f"{text}\n\n{ANSWER_FORMAT}"
 
 
 @dataclass
@@ -69,7 +88,7 @@ class DiscoveryConfig:
         if self.time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s}")
         if self.task_prompt is None:
-            self.task_prompt = kissing_prompt(self.dimension, self.time_limit_s)
+            self.task_prompt = kissing_prompt(self.dimension)
 
 
 def _rank(attempt: dict) -> tuple:
@@ -143,7 +162,7 @@ def run_discovery(backend, cfg: DiscoveryConfig, progress: Callable[[str], None]
             progress(f"  {where}: {verdict} ({a['seconds']:.1f} s; best {best_score})")
         history.append(best["score"] if best else 0)
         chosen = max(scored, key=_rank)
-        feedback = FEEDBACK_PROMPT.format(message=chosen["message"], score=chosen["score"], best=history[-1])
+        feedback = feedback_prompt(chosen)
         log["rounds"].append(
             {
                 "round": r,

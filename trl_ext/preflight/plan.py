@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.preflight.async_plan import available_host_bytes, check_async, plan_async
+from trl_ext.preflight.attention import choose_attention, requested_attention
 from trl_ext.preflight.batch import BatchLayout, check_batches, micro_batch_choices, suggest_batch_fixes
 from trl_ext.preflight.context import RunContext
 from trl_ext.preflight.disk import DiskPlan, plan_disk, saves_during_run
@@ -309,6 +310,7 @@ def _semantics(report: Preflight, script_args, args, model_args) -> None:
                 "remove chat_template_kwargs, or set chat_template: true",
             )
         )
+    report.lines.append(choose_attention(requested_attention(args, model_args), bool(args.use_cpu)).render())
     dtype = two_byte_dtype(model_args)
     if report.context.zero_stage == 0 and dtype is not None:
         report.lines.append(

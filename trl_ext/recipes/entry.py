@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trl_ext.preflight.attention import choose_attention, requested_attention
 from trl_ext.preflight.context import RunContext, context_from_environment
 from trl_ext.preflight.environment import (
     check_model_source,
@@ -113,6 +114,9 @@ def sft_entry_preflight(argv: Sequence[str], parsed: tuple) -> tuple[OutputDirPl
     if wandb.mode == "missing":
         problems.append(Problem("report_to", "includes wandb, which is not installed", "pip install wandb"))
     warn_once(wandb.message)
+    if is_main_process():
+        attention = choose_attention(requested_attention(args, model_args), bool(args.use_cpu)).render()
+        print(f"preflight: {config or 'sft'}\n  {attention}", file=sys.stderr, flush=True)
     if problems or plan is None:
         raise PreflightError(problems, str(config or "sft"))
     return plan, record

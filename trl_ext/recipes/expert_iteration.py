@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from trl_ext.preflight.attention import choose_attention, requested_attention
 from trl_ext.preflight.batch import BatchLayout
 from trl_ext.preflight.context import context_from_environment
 from trl_ext.preflight.environment import (
@@ -101,6 +102,7 @@ def ei_preflight(argv: Sequence[str], parsed: tuple, environ=None) -> tuple[list
         f"data:    {script.dataset_source or f'the {script.task} default'} [{script.dataset_split}], validation "
         f"[{script.eval_split}] up to {script.eval_limit} problems",
         f"output:  {args.output_dir}; wandb {wandb.mode}",
+        choose_attention(requested_attention(args, model_args), bool(args.use_cpu)).render(),
     ]
     shape, source = load_model_shape(model_args.model_name_or_path or "")
     if shape is not None and world == 1:

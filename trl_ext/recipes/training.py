@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from trl_ext.preflight.attention import choose_attention
 from trl_ext.preflight.rundir import write_run_record
 from trl_ext.recipes.data import load_grpo_datasets
 from trl_ext.recipes.entry import entry_preflight, sft_entry_preflight
@@ -17,7 +18,10 @@ logger = logging.getLogger(__name__)
 
 
 def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
-    """`from_pretrained` kwargs from `ModelConfig`, under `training_args.model_init_kwargs` (as TRL's scripts do)."""
+    """`from_pretrained` kwargs from `ModelConfig`, under `training_args.model_init_kwargs` (as TRL's scripts do).
+
+    FlashAttention-2 where it cannot run (no `flash_attn`, or the CPU) becomes `sdpa` here, with a warning, before
+    the model loads (`trl_ext.preflight.attention`)."""
     kwargs: dict[str, Any] = {
         "revision": model_args.model_revision,
         "trust_remote_code": training_args.trust_remote_code,
@@ -25,6 +29,10 @@ def model_init_kwargs(model_args, training_args) -> dict[str, Any]:
         "dtype": model_args.dtype,
     }
     kwargs.update(training_args.model_init_kwargs or {})
+    attention = choose_attention(kwargs["attn_implementation"], bool(getattr(training_args, "use_cpu", False)))
+    if attention.fell_back:
+        logger.warning(attention.message())
+        kwargs["attn_implementation"] = attention.used
     return kwargs
 
 

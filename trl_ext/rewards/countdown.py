@@ -24,8 +24,9 @@ Rules, chosen and fixed here:
   parentheses is invalid before it is parsed, and at most `MAX_STEPS` step lines are read.
 
 Seed 000's own rule (`seed000=True`, used by the recipes named after seed 000 so their numbers compare with the
-seed's): one equation of the characters its `_evaluate_equation` admits (ASCII digits, whitespace, `+ - * /`,
-parentheses), read as Python reads them, so a unary sign is allowed (`-2+8` is 6, as `eval` gives it); no "Step X:"
+seed's): one equation of the characters its `_evaluate_equation` admits (ASCII digits, spaces, `+ - * /`,
+parentheses; no other whitespace: a line break or tab inside the answer makes it invalid), read as `eval` reads
+them, so a unary sign is allowed (`-2+8` is 6, as `eval` gives it); no "Step X:"
 lines and no `= value` after the equation (`=` is not among those characters); `**` and `//` stay invalid (not
 among the seed's four operations); every number at most once (its `_validate_numbers`: `(64 + 14) - 16` is
 valid for [64, 14, 16, 7]). Still never `eval`-ed: the same exact parser with prefix signs switched on.
@@ -197,8 +198,10 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
     return evaluate_split(parts[::2], used)
 
 
-# Seed 000's `_evaluate_equation` admits these characters (and whitespace) and evaluates what Python makes of them.
-_SEED000_CHARACTERS = frozenset("0123456789+-*/()")
+# Seed 000's `_evaluate_equation` admits these characters ("digits, spaces, +, -, *, /, (, )") and evaluates what
+# `eval` makes of them. The space is the only whitespace: a line break or tab is not in the seed's list (and `eval`
+# refuses a line break outside parentheses), so an answer with one inside is invalid.
+_SEED000_CHARACTERS = frozenset("0123456789 +-*/()")
 
 
 def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
@@ -210,7 +213,7 @@ def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
     """
     if len(answer) > MAX_EQUATION_CHARS and len(" ".join(answer.split())) > MAX_EQUATION_CHARS:
         return None
-    if not _SEED000_CHARACTERS.issuperset("".join(answer.split())):
+    if not _SEED000_CHARACTERS.issuperset(answer):
         return None
     parts = NUMBERS_AND_GAPS.split(answer)
     used = list(map(int, parts[1::2]))

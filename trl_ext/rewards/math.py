@@ -1,4 +1,8 @@
-r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds 001-003, CS336 A5's grader).
+r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds 001-003).
+
+This is the project's own grader, not CS336 A5's `drgrpo_grader` that the seeds name: the rewards keep that file's
+function names, format rules and reward dicts, and decide equality by the stages below. docs/rewards.md gives how
+often the two agree on real answers (`benchmarks/bench_grader_agreement.py` measures it, given the course's file).
 
 `grade(model_answer, gt_answer)` decides in stages, cheapest first:
 
@@ -18,7 +22,7 @@ r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds
    deeply nested brackets) are wrong without symbolic work. Verdicts are cached per (gold, prediction); a
    timeout is not a verdict: it is remembered for `TIMEOUT_MEMORY_S` (60 s) and then graded again.
 
-Rewards (floats in a dict, as in CS336's `drgrpo_grader`):
+Rewards (floats in a dict, as in the course's `drgrpo_grader`):
 
 - `r1_zero_reward_fn`: format = the response contains `</think> <answer>` and `</answer>`; the answer is the
   text after the last `<answer>` up to its `</answer>` (a `\boxed{}` inside is unwrapped); reward = answer.

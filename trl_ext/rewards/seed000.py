@@ -1,12 +1,16 @@
 """Seed 000's verifier and reward (Assignment 2, Tasks 1-2) under its own names: `_extract_answer`,
 `_validate_numbers`, `_evaluate_equation`, `reward_fn`.
 
-The rule is seed 000's, as `trl_ext.rewards.countdown` implements it with `seed000=True` (its module docstring):
-the last `<answer>...</answer>` holds one equation of ASCII digits, whitespace, `+ - * /` and parentheses, read as
-Python reads them (so `-2+8` is 6); each given number is used at most once (a subset is valid: the seed's own
-`_validate_numbers("(64 + 14) - 16", [64, 14, 16, 7])` is True); reward 1.0 correct, 0.1 tagged but wrong or invalid,
-0.0 without a tag. Nothing is ever `eval`-ed (the seed allows `eval`; the exact parser gives what `eval` gives on
-these characters, without running anything). The registry name of the same reward is `countdown_seed000`.
+The rule is seed 000's, as `trl_ext.rewards.countdown` implements it with `seed000=True` (its module docstring): the
+last `<answer>...</answer>` (its content stripped) holds one equation of the seed's characters only: ASCII digits,
+spaces, `+ - * /` and parentheses. Any other character is invalid, other whitespace included: a line break or a tab
+inside the equation gives None: neither is in the seed's list (and `eval` itself raises SyntaxError on `"1 +\\n2"`). On
+those characters the equation is read as `eval` reads them (so `-2+8` is 6, and leading spaces are ignored as `eval`
+ignores them), except `**` and `//`, which are not among the seed's four operations. Each given number is used at most
+once (a subset is valid: the seed's own `_validate_numbers("(64 + 14) - 16", [64, 14, 16, 7])` is True); reward 1.0
+correct, 0.1 tagged but wrong or invalid, 0.0 without a tag. Nothing is ever `eval`-ed: an exact parser computes the
+value in rational arithmetic (then a float), so where `eval`'s float arithmetic rounds (`1/49*49` is 0.9999999999999999
+there) the value here is the exact one (1.0). The registry name of the same reward is `countdown_seed000`.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ def _validate_numbers(equation_str: str, available_numbers: Iterable[int]) -> bo
 
 
 def _evaluate_equation(equation_str: str) -> float | None:
-    """Value of an equation of digits, whitespace, `+ - * /` and parentheses, as a float; None when invalid (Task 1).
+    """Value of an equation of digits, spaces, `+ - * /` and parentheses, as a float; None when invalid (Task 1).
 
-    Invalid: any other character (`**`, `//`, names, unicode operators or digits, `=`), implicit multiplication such
-    as `2(3)`, leading zeros, division by zero, over 256 characters. Unary signs are read as Python reads them.
+    Invalid: any other character (line breaks, tabs and other whitespace, names, unicode operators or digits, `=`),
+    `**` and `//`, implicit multiplication such as `2(3)`, leading zeros, division by zero, over 256 characters.
+    Unary signs are read as `eval` reads them.
     """
     if not isinstance(equation_str, str):
         return None

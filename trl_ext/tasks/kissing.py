@@ -11,33 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KISSING_PROMPT", "kissing_prompt", "load_kissing"]
+__all__ = ["ANSWER_FORMAT", "KISSING_PROMPT", "kissing_prompt", "load_kissing"]
 
 PROMPT_NAMES = ("kissing",)
 DEFAULT_ROWS = 1024
 
-KISSING_PROMPT = """\
-Find a large kissing configuration in dimension {dimension}: a set C of nonzero integer vectors in Z^{dimension} such \
-that the minimum distance between two distinct vectors of C is at least the maximum norm of a vector of C:
-
-    min_{{x != y in C}} ||x - y|| >= max_{{x in C}} ||x||
-
-Then the unit spheres centred at 2x/||x|| all touch a central unit sphere without overlapping, so the kissing \
-number in dimension {dimension} is at least |C|. Your score is |C| if the configuration is valid, else 0.{bounds}
-
-Write a Python program that defines a global variable `points`: a list of lists of {dimension} integers. It runs \
-in a sandbox (standard library and numpy, no network, {time_limit:g} s). A verifier checks it with exact integer \
-arithmetic and reports either the size of a valid configuration or the first violation it finds. Reply with the \
-complete program in one ```python code block."""
+# Seed 002's baseline prompt (section 7.4) in its own words, the dimension filled in (the seed's is 11); the test pins
+# it to the text typed from the seed (tests/data/seed_prompts/seed002_kissing_baseline.txt).
+KISSING_PROMPT = (
+    "I need to find a set of integer vectors C in {dimension} dimensions such that 0 is not in C and "
+    "$\\min_{{x \\neq y \\in C}} \\|x - y\\| \\geq \\max_{{x \\in C}} \\|x\\|$. My score is the number of vectors "
+    "in C. Please write a Python program that defines a global variable `points` as a list of such vectors."
+)
+# The one sentence of ours after the seed's prompts: the reward and the discovery loop read the program from a fenced
+# block (`trl_ext.rewards.kissing.extract_program`), which the seed's words do not ask for.
+ANSWER_FORMAT = "Reply with the complete program in one ```python code block."
 
 
-def kissing_prompt(dimension: int = 11, time_limit_s: float = 10.0) -> str:
-    """The task text for `dimension`, with the seed's known bounds when it quotes them."""
-    from trl_ext.rewards.kissing import KISSING_BOUNDS
-
-    bounds = KISSING_BOUNDS.get(dimension)
-    known = f" Known bounds: {bounds[0]} <= tau_{dimension} <= {bounds[1]}." if bounds else ""
-    return KISSING_PROMPT.format(dimension=dimension, time_limit=time_limit_s, bounds=known)
+def kissing_prompt(dimension: int = 11) -> str:
+    """The task: seed 002's baseline prompt for `dimension`, then `ANSWER_FORMAT` on a line of its own."""
+    return f"{KISSING_PROMPT.format(dimension=dimension)}\n\n{ANSWER_FORMAT}"
 
 
 def load_kissing(
@@ -47,7 +40,6 @@ def load_kissing(
     chat: bool = False,
     limit: int | None = None,
     dimension: int = 11,
-    time_limit_s: float = 10.0,
 ):
     """Rows of the kissing task: columns `prompt` and `dimension`.
 
@@ -60,7 +52,6 @@ def load_kissing(
         chat: a user message instead of plain text.
         limit: rows to produce (default 1024), or the first `limit` rows of `source`.
         dimension: the dimension when `source` is None.
-        time_limit_s: the sandbox limit the prompt announces.
 
     Raises:
         ValueError: an unknown prompt, a missing file, or a row that is not a JSON object with a positive integer
@@ -82,7 +73,7 @@ def load_kissing(
             raise ValueError(f"kissing task source must be an existing .jsonl file of {{'dimension': d}} rows: {path}")
         rows, origin = read_rows(path, split=split, limit=limit)
         dimensions = convert_rows(rows, origin, _dimension)
-    texts = {d: kissing_prompt(d, time_limit_s) for d in set(dimensions)}
+    texts = {d: kissing_prompt(d) for d in set(dimensions)}
     prompts = [[{"role": "user", "content": texts[d]}] if chat else texts[d] for d in dimensions]
     return Dataset.from_dict({"prompt": prompts, "dimension": dimensions})
 
