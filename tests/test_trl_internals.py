@@ -226,13 +226,13 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
 
 
 def test_vllm_outputs_the_finish_reason_record_follows():
-    # trl_ext/grpo/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL reads the
-    # completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
+    # trl_ext/grpo/rollouts/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL
+    # reads the completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
     from vllm.outputs import CompletionOutput
 
-    where = "trl_ext/grpo/finish_reasons.py"
+    where = "trl_ext/grpo/rollouts/finish_reasons.py"
     expected = {
         VLLMClient.generate: [
             'choices = self._post(f"{self.base_url}/v1/completions", json=payload)["choices"]',
@@ -265,14 +265,14 @@ def test_vllm_outputs_the_finish_reason_record_follows():
 
 
 def test_what_async_rollouts_rely_on():
-    # trl_ext/grpo/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training loop's
-    # `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload with
-    # the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
+    # trl_ext/grpo/rollouts/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training
+    # loop's `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload
+    # with the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
     # TRL's `sync_weights` guarded by `_last_loaded_step`; `_prepare_inputs` generates every `generate_every` steps.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
-    where = "trl_ext/grpo/async_rollouts.py, trl_ext/grpo/rollout_worker.py"
+    where = "trl_ext/grpo/rollouts/async_rollouts.py, trl_ext/grpo/rollouts/rollout_worker.py"
     expected = {
         VLLMClient.generate: [
             'payload = {\n            "model": self.model,\n            "prompt": prompts,',

@@ -27,7 +27,7 @@ MOVED_MODULES = {
         f"trl_ext.{name}": f"trl_ext.grpo.{name}"
         for name in ("axes", "callbacks", "config", "finished", "fused_head", "packing", "sampling", "trainer")
     },
-    "trl_ext.vllm_sync": "trl_ext.grpo.vllm_sync",
+    "trl_ext.vllm_sync": "trl_ext.grpo.weight_sync.colocate",
     "trl_ext.sft_validation": "trl_ext.expert_iteration.sft_validation",
     "trl_ext.evaluation.recipe": "trl_ext.recipes.evaluation",
     "trl_ext.evaluation.cli": "trl_ext.recipes.eval_command",

@@ -19,15 +19,15 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from trl_ext.grpo.async_rollouts import AsyncRolloutsMixin
 from trl_ext.grpo.config import AblationGRPOConfig
-from trl_ext.grpo.finished import FinishedCompletionsMixin
 from trl_ext.grpo.fused_head import compact_lm_head
 from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
+from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin
+from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin
+from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
-from trl_ext.grpo.sampling import DynamicSamplingMixin
-from trl_ext.grpo.vllm_sync import install_colocate_weight_sync
-from trl_ext.grpo.weight_transfer import server_weight_sync
+from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
+from trl_ext.grpo.weight_sync.wire import server_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -76,18 +76,19 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
       `padding_free` for a processor (multimodal) or a model whose packed rows could attend to each other (a model
       type off the allow-list, prompt-learning PEFT, another attention: `trl_ext.grpo.packing.packing_problem`).
 
-    `trl_ext.grpo.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
-    rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
-    With `dynamic_sampling`, it builds each
+    `trl_ext.grpo.rollouts.dynamic_sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global,
+    n_reward_funcs)` rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are
+    computed from. With `dynamic_sampling`, it builds each
     generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
     one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
 
-    `trl_ext.grpo.finished.FinishedCompletionsMixin` counts a completion that ended at a stop string as finished, not
-    truncated, in `completions/clipped_ratio`, the terminated-length metrics and `mask_truncated_completions`: with
-    vLLM by vLLM's own `finish_reason` (`trl_ext.grpo.finish_reasons`), else by the token tail.
+    `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin` counts a completion that ended at a stop string as
+    finished, not truncated, in `completions/clipped_ratio`, the terminated-length metrics and
+    `mask_truncated_completions`: with vLLM by vLLM's own `finish_reason` (`trl_ext.grpo.rollouts.finish_reasons`),
+    else by the token tail.
 
-    `trl_ext.grpo.async_rollouts.AsyncRolloutsMixin` (innermost) requests the next generation batch from the vLLM
-    server while this one trains (`async_rollouts`), tagging each row with its `policy_version`.
+    `trl_ext.grpo.rollouts.async_rollouts.AsyncRolloutsMixin` (innermost) requests the next generation batch from the
+    vLLM server while this one trains (`async_rollouts`), tagging each row with its `policy_version`.
 
     Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """

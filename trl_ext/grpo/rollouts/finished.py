@@ -13,7 +13,7 @@ keeps its text). Only a completion cut at `max_completion_length` (or the model'
 
 `FinishedCompletionsMixin` (between a trainer and `trl.GRPOTrainer`) overrides three methods, calling TRL's:
 
-- `__init__`: installs `trl_ext.grpo.finish_reasons` on the trainer's vLLM objects (no-op without vLLM);
+- `__init__`: installs `trl_ext.grpo.rollouts.finish_reasons` on the trainer's vLLM objects (no-op without vLLM);
 - `_generate`: recomputes the four metrics TRL just logged from its rule (clipped ratio, mean / min / max terminated
   length) over every process's completions;
 - `_generate_and_score_completions`: with `mask_truncated_completions`, runs TRL's with its masking off and zeroes
@@ -22,10 +22,11 @@ keeps its text). Only a completion cut at `max_completion_length` (or the model'
   unmasked attention (TRL's from a masked one); they multiply a zero mask either way.
 
 With vLLM (server and colocate modes) vLLM's own `finish_reason` decides: "stop" (EOS, stop token, stop string) is
-finished, anything else ("length", "abort") truncated (`trl_ext.grpo.finish_reasons` keeps what TRL drops). The token
-tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls, `rollout_func`).
-The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop string
-decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word can.
+finished, anything else ("length", "abort") truncated (`trl_ext.grpo.rollouts.finish_reasons` keeps what TRL drops).
+The token tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls,
+`rollout_func`). The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop
+string decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word
+can.
 
 Without vLLM (`use_vllm: false`) and without stop strings in `generation_kwargs` (`stop` for vLLM, `stop_strings`
 for transformers) both defer to TRL.
@@ -37,8 +38,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from trl_ext.grpo.finish_reasons import install_finish_reasons, vllm_finish_reasons
-from trl_ext.grpo.sampling import loss_mask
+from trl_ext.grpo.rollouts.dynamic_sampling import loss_mask
+from trl_ext.grpo.rollouts.finish_reasons import install_finish_reasons, vllm_finish_reasons
 
 
 def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:

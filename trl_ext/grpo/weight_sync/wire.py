@@ -6,11 +6,11 @@ TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine (`VLLMClien
 (`--weight-transfer-config '{"backend": NAME}'`, looked up in `WeightTransferEngineFactory`), and our
 `vllm.general_plugins` entry point (`register`, run in every vLLM process) adds `BACKEND` there. The two sides:
 
-- server: `trl_ext.grpo.weight_transfer_engine.GlooWeightTransferEngine`, in each vLLM worker: joins the group at
+- server: `trl_ext.grpo.weight_sync.engine.GlooWeightTransferEngine`, in each vLLM worker: joins the group at
   `/init_weight_transfer_engine`, and per sync runs vLLM's layerwise reload (`/start_weight_update`), receives and
   loads the tensors (`/update_weights`), then finishes the reload and repacks the layers that kept their weight (a
-  tied LM head: `trl_ext.grpo.vllm_sync.repack_kept_weight_layers`) (`/finish_weight_update`);
-- trainer: `trl_ext.grpo.weight_transfer_client.GlooVLLMClient`, TRL's `VLLMClient` with a gloo sender in place of
+  tied LM head: `trl_ext.grpo.weight_sync.colocate.repack_kept_weight_layers`) (`/finish_weight_update`);
+- trainer: `trl_ext.grpo.weight_sync.client.GlooVLLMClient`, TRL's `VLLMClient` with a gloo sender in place of
   the NCCL communicator; TRL's `VLLMGeneration.sync_weights` drives it with TRL's own tensors (PEFT merged, names
   as TRL fixes them), so every tensor TRL's sync moves is moved.
 
@@ -42,7 +42,7 @@ BACKEND = "trl_ext_gloo"
 CHUNK_BYTES = 64 * 2**20
 # The server's log file, set by `trl-ext launch` for the trainer: named in the error when the server is gone.
 SERVER_LOG_ENV = "TRL_EXT_VLLM_SERVER_LOG"
-ENGINE_MODULE = "trl_ext.grpo.weight_transfer_engine"
+ENGINE_MODULE = "trl_ext.grpo.weight_sync.engine"
 ENGINE_CLASS = "GlooWeightTransferEngine"
 
 
@@ -203,7 +203,7 @@ def server_weight_sync(args):
         return
     import trl.generation.vllm_generation as generation
 
-    from trl_ext.grpo.weight_transfer_client import GlooVLLMClient
+    from trl_ext.grpo.weight_sync.client import GlooVLLMClient
 
     original = generation.VLLMClient
     generation.VLLMClient = GlooVLLMClient

@@ -1,7 +1,7 @@
-"""The trainer side of the CPU weight transfer (`trl_ext.grpo.weight_transfer`): TRL's `VLLMClient` whose NCCL
+"""The trainer side of the CPU weight transfer (`trl_ext.grpo.weight_sync.wire`): TRL's `VLLMClient` whose NCCL
 communicator is replaced by a gloo sender when the trainer's device is not CUDA.
 
-`trl_ext.grpo.weight_transfer.server_weight_sync` makes TRL's `VLLMGeneration` build this client on a trainer
+`trl_ext.grpo.weight_sync.wire.server_weight_sync` makes TRL's `VLLMGeneration` build this client on a trainer
 without CUDA; TRL then calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
 `update_named_params(metadata, VLLMGeneration._iter_named_params())` and `reset_prefix_cache()`. On a CUDA device
 every method is TRL's own (NCCL).
@@ -24,7 +24,7 @@ import requests
 import torch
 from trl.generation.vllm_client import VLLMClient
 
-from trl_ext.grpo.weight_transfer import (
+from trl_ext.grpo.weight_sync.wire import (
     BACKEND,
     CHUNK_BYTES,
     GlooLink,

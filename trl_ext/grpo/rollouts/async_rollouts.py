@@ -19,8 +19,8 @@ One batch is requested ahead at a time, so a sample is never more than `m` steps
 next batch's prompts come from TRL's own dataloader, read one generation batch ahead (`get_batch_samples`), so the
 async run trains on the same prompts in the same order as the synchronous one; the first batch of each epoch is
 generated synchronously (the next epoch's iterator does not exist yet). Only the main process's HTTP request runs in
-the background (`trl_ext.grpo.rollout_worker`); gathering the prompts and broadcasting the answer and its version
-are collectives and stay on the main thread, in the same order on every process.
+the background (`trl_ext.grpo.rollouts.rollout_worker`); gathering the prompts and broadcasting the answer and its
+version are collectives and stay on the main thread, in the same order on every process.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections import deque
 
 import torch
 
-from trl_ext.grpo.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
+from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
 
 logger = logging.getLogger(__name__)
 
