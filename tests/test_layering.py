@@ -98,24 +98,3 @@ def test_package_inits_register_no_commands():
             if isinstance(node, ast.ImportFrom):
                 names = {alias.name for alias in node.names}
                 assert "register" not in names, f"{init.relative_to(PACKAGE.parent)}:{node.lineno}"
-
-
-@pytest.mark.parametrize("old", sorted(__import__("trl_ext").MOVED_MODULES))
-def test_moved_modules_import_from_their_old_path_with_a_warning(old):
-    """Issue 28 moved the trainer's modules into `trl_ext.grpo` (and three others): the old path gives the very same
-    module object, with a FutureWarning that names the new path."""
-    import importlib
-    import sys
-    import warnings
-
-    import trl_ext
-
-    new = trl_ext.MOVED_MODULES[old]
-    assert (PACKAGE.parent / (new.replace(".", "/") + ".py")).is_file()
-    assert not (PACKAGE.parent / (old.replace(".", "/") + ".py")).exists()
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, FutureWarning) and new in str(w.message) for w in caught)
