@@ -22,11 +22,10 @@ from trl_ext.grpo.rollouts.dynamic_sampling import (
     DEFAULT_MAX_GENERATION_BATCHES,
     draw_prompt_indices,
     filter_signal,
-    pad_and_concat,
     select_groups,
-    trim_padding,
     uniform_groups,
 )
+from trl_ext.grpo.rows import pad_and_concat, trim_padding
 
 GROUP = 4
 # Half uniform, half varied prompts, of different lengths (so left padding differs between batches).

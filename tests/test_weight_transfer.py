@@ -15,14 +15,8 @@ import pytest
 import torch
 from helpers import free_port
 
-from trl_ext.grpo.weight_sync.wire import (
-    GlooLink,
-    applies,
-    chunk_plan,
-    pack,
-    send_chunks,
-    unpack,
-)
+from trl_ext.grpo.weight_sync.client import applies
+from trl_ext.grpo.weight_sync.wire import GlooLink, chunk_plan, pack, send_chunks, unpack
 
 
 def test_chunk_plan_by_hand():

@@ -37,7 +37,7 @@ from trl import GRPOTrainer
 
 from trl_ext.expert_iteration.config import ExpertIterationConfig, every_n_ei_steps
 from trl_ext.expert_iteration.sft import QuestionSampler, kept_mask, sft_batches, sft_micro_step
-from trl_ext.grpo.rollouts.dynamic_sampling import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
+from trl_ext.grpo.rows import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
 
 # The per-completion entries the SFT forward reads (TRL's batch layout).

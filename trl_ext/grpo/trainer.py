@@ -26,8 +26,8 @@ from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
+from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
-from trl_ext.grpo.weight_sync.wire import server_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,

@@ -30,7 +30,7 @@ import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-COMPLETIONS_ENDPOINT = "/v1/completions"
+from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from trl_ext.grpo.rollouts.dynamic_sampling import loss_mask
 from trl_ext.grpo.rollouts.finish_reasons import install_finish_reasons, vllm_finish_reasons
+from trl_ext.grpo.rows import loss_mask
 
 
 def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
+# The endpoint TRL's `VLLMClient.generate` posts to; both wrappers of its `_post` (the replay here, the finish-reason
+# record of `trl_ext.grpo.rollouts.finish_reasons`) act on its answers only.
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
 

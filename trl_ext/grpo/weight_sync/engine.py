@@ -1,5 +1,5 @@
-"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.weight_sync.wire`): a weight-transfer engine that
-receives the trainer's tensors over gloo and loads them into the CPU engine's model.
+"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.weight_sync.client` describes both sides): a
+weight-transfer engine that receives the trainer's tensors over gloo and loads them into the CPU engine's model.
 
 Loaded by vLLM's `WeightTransferEngineFactory` in a server started with
 `--weight-transfer-config '{"backend": "trl_ext_gloo"}'` (registered by our `vllm.general_plugins` entry point);
