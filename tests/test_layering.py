@@ -98,3 +98,46 @@ def test_package_inits_register_no_commands():
             if isinstance(node, ast.ImportFrom):
                 names = {alias.name for alias in node.names}
                 assert "register" not in names, f"{init.relative_to(PACKAGE.parent)}:{node.lineno}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_import_each_other_in_a_loop():
+    """Within a unit too, imports point one way: no module imports, directly or through others, a module that imports
+    it back (a package's `__init__`, which only hands names on, aside)."""
+    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for module, _ in _imports(path):
+            targets.add(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = {t for t in targets if t in files and t != name and files[t].name != "__init__.py"}
+    loops = []
+    for start in graph:  # depth-first from each module: does any path come back to it?
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    loops.append(" -> ".join([*trail, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    assert loops == []
+
+
+def test_no_function_of_the_grpo_trainer_is_over_100_lines():
+    """A reader holds each function of `trl_ext.grpo` in view."""
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / "grpo").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert long == []
