@@ -112,23 +112,28 @@ def test_no_two_modules_import_each_other_in_a_loop():
     graph = {}
     for name, path in files.items():
         targets = set()
-        for module, _ in _imports(path):
-            targets.add(module)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
                 targets.update(f"{node.module}.{alias.name}" for alias in node.names)
-        graph[name] = {t for t in targets if t in files and t != name and files[t].name != "__init__.py"}
-    loops = []
-    for start in graph:  # depth-first from each module: does any path come back to it?
-        seen, stack = set(), [(start, [start])]
-        while stack:
-            node, trail = stack.pop()
-            for nxt in graph[node]:
-                if nxt == start:
-                    loops.append(" -> ".join([*trail, start]))
-                elif nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, [*trail, nxt]))
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = sorted(t for t in targets if t in files and t != name and files[t].name != "__init__.py")
+    loops, done, trail = [], set(), []
+
+    def visit(module: str) -> None:  # depth-first; an edge back into the current trail closes a loop
+        trail.append(module)
+        for target in graph[module]:
+            if target in trail:
+                loops.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif target not in done:
+                visit(target)
+        trail.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
     assert loops == []
 
 
