@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous GRPO in the CPU server layout, side by side in one run: time per step, each side's idle
 share, and held-out accuracy after the same number of samples (issue 30 item 4).
 
-The layout: a real `trl vllm-serve` (vLLM's CPU build, gloo weight transfer, `trl_ext.grpo.weight_transfer`) pinned
+The layout: a real `trl vllm-serve` (vLLM's CPU build, gloo weight transfer, `trl_ext.grpo.weight_sync`) pinned
 to core 0, the trainer pinned to core 1, so the two sides are two devices. The task and model are the embedded
 demo's (Countdown with 3 numbers, compact prompts, a character-level Qwen3 with 2 heads of 64 so the CPU engine
 takes it), warm-started by the demo's SFT once. For each batch size of `--batches` (a setting; the default 96

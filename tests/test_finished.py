@@ -1,4 +1,5 @@
-"""trl_ext.grpo.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item 4).
+"""trl_ext.grpo.rollouts.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item
+4).
 
 TRL 1.16 calls every completion without a final EOS truncated, so with `stop: ["</answer>"]` each answered
 completion counted in `completions/clipped_ratio` and `mask_truncated_completions` dropped it from the loss. The
@@ -18,7 +19,7 @@ import pytest
 from conftest import shared_path
 from test_trainer_helpers import COMMON, group_inputs, one_torch_thread, prompt_dataset, tiny_model  # noqa: F401
 
-from trl_ext.grpo.finished import finished_completions, stop_strings
+from trl_ext.grpo.rollouts.finished import finished_completions, stop_strings
 
 STOP = "</answer>"
 
@@ -155,7 +156,7 @@ def test_server_answers_finish_reasons_in_the_order_trl_returns_completions(char
     away: vLLM's word calls them finished, the tail truncated. Catches reasons lost, misordered or misread."""
     from trl.generation.vllm_client import VLLMClient
 
-    from trl_ext.grpo.finish_reasons import FinishReasons, ReasonRecorder
+    from trl_ext.grpo.rollouts.finish_reasons import FinishReasons, ReasonRecorder
     from trl_ext.tiny import TAG_TOKENS, build_char_tokenizer
 
     record = json.loads(shared_path("vllm", "completions_cpu.json").read_text())
@@ -194,7 +195,7 @@ def test_finish_reasons_are_used_only_for_the_completions_they_came_with():
     (`process_index * n_local`, server mode; the TP rank, colocate)."""
     from types import SimpleNamespace
 
-    from trl_ext.grpo.finish_reasons import FinishReasons, share, vllm_finish_reasons
+    from trl_ext.grpo.rollouts.finish_reasons import FinishReasons, share, vllm_finish_reasons
 
     record = FinishReasons([[1, 2], [3]], ["stop", "length"], ["x", None])
     generation = SimpleNamespace(finish_reasons=record)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.grpo.weight_transfer import BACKEND, SERVER_LOG_ENV
+from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV
 from trl_ext.launch import plan_launch
 from trl_ext.launch.cpu_layout import CPU_KV_CACHE_BYTES, cpu_server_args, pin, split_cores
 from trl_ext.launch.planning import Command

@@ -100,22 +100,49 @@ def test_package_inits_register_no_commands():
                 assert "register" not in names, f"{init.relative_to(PACKAGE.parent)}:{node.lineno}"
 
 
-@pytest.mark.parametrize("old", sorted(__import__("trl_ext").MOVED_MODULES))
-def test_moved_modules_import_from_their_old_path_with_a_warning(old):
-    """Issue 28 moved the trainer's modules into `trl_ext.grpo` (and three others): the old path gives the very same
-    module object, with a FutureWarning that names the new path."""
-    import importlib
-    import sys
-    import warnings
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-    import trl_ext
 
-    new = trl_ext.MOVED_MODULES[old]
-    assert (PACKAGE.parent / (new.replace(".", "/") + ".py")).is_file()
-    assert not (PACKAGE.parent / (old.replace(".", "/") + ".py")).exists()
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, FutureWarning) and new in str(w.message) for w in caught)
+def test_no_two_modules_import_each_other_in_a_loop():
+    """Within a unit too, imports point one way: no module imports, directly or through others, a module that imports
+    it back (a package's `__init__`, which only hands names on, aside)."""
+    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = sorted(t for t in targets if t in files and t != name and files[t].name != "__init__.py")
+    loops, done, trail = [], set(), []
+
+    def visit(module: str) -> None:  # depth-first; an edge back into the current trail closes a loop
+        trail.append(module)
+        for target in graph[module]:
+            if target in trail:
+                loops.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif target not in done:
+                visit(target)
+        trail.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
+    assert loops == []
+
+
+def test_no_function_of_the_grpo_trainer_is_over_100_lines():
+    """A reader holds each function of `trl_ext.grpo` in view."""
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / "grpo").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert long == []

@@ -1,6 +1,6 @@
-"""Dynamic sampling (`trl_ext.grpo.sampling`): the pure pieces by hand, then the trainer on a tiny model with a reward
-whose uniform groups are known in advance (prompts starting with "=" score 1.0 for every completion; the others
-score their row position mod 4, so every such group has varied rewards)."""
+"""Dynamic sampling (`trl_ext.grpo.rollouts.dynamic_sampling`): the pure pieces by hand, then the trainer on a tiny
+model with a reward whose uniform groups are known in advance (prompts starting with "=" score 1.0 for every
+completion; the others score their row position mod 4, so every such group has varied rewards)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,14 @@ from test_trainer_helpers import (
 from trl import GRPOTrainer
 
 from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
-from trl_ext.grpo.sampling import (
+from trl_ext.grpo.rollouts.dynamic_sampling import (
     DEFAULT_MAX_GENERATION_BATCHES,
     draw_prompt_indices,
     filter_signal,
-    pad_and_concat,
     select_groups,
-    trim_padding,
     uniform_groups,
 )
+from trl_ext.grpo.rows import pad_and_concat, trim_padding
 
 GROUP = 4
 # Half uniform, half varied prompts, of different lengths (so left padding differs between batches).

@@ -39,6 +39,8 @@ def _params(fn) -> list[str]:
     [
         ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
         ("_generate_and_score_completions", ["self", "inputs"]),
+        ("_generate", ["self", "prompts"]),
+        ("_prepare_inputs", ["self", "generation_batch"]),
         ("_compute_loss", ["self", "model", "inputs"]),
         ("compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"]),
         ("get_high_entropy_mask", ["self", "entropies", "mask", "threshold"]),
@@ -52,6 +54,61 @@ def test_overridden_method_signatures(method, expected):
     assert hasattr(GRPOTrainer, method), _changed(f"GRPOTrainer.{method} no longer exists")
     got = _params(getattr(GRPOTrainer, method))
     assert got == expected, _changed(f"GRPOTrainer.{method}{tuple(got)} was {tuple(expected)}")
+
+
+# Which class of AblationGRPOTrainer's MRO changes which TRL method: each in one class only (trl_ext/grpo/trainer.py).
+TRL_METHODS_CHANGED = {
+    "AblationGRPOTrainer": {
+        "__init__",
+        "_generate_and_score_completions",
+        "_get_per_token_logps_and_entropies",
+        "_compute_loss",
+    },
+    "DynamicSamplingMixin": {"_calculate_rewards"},
+    "FinishedCompletionsMixin": {"_generate"},
+    "AsyncRolloutsMixin": {"train", "get_batch_samples", "_prepare_inputs", "_generate_single_turn"},
+}
+
+
+def test_each_trl_method_is_changed_in_one_class_only():
+    """No TRL method is wrapped twice along the MRO, so no behaviour's order follows from the order of the bases: the
+    trainer's `_install_behaviours` and `_generate_and_score_completions` state it."""
+    from trl_ext.grpo.trainer import AblationGRPOTrainer
+
+    mro = AblationGRPOTrainer.__mro__
+    ours = mro[: mro.index(GRPOTrainer)]
+    changed = {
+        cls.__name__: {name for name, value in vars(cls).items() if callable(value) and hasattr(GRPOTrainer, name)}
+        for cls in ours
+    }
+    assert changed == TRL_METHODS_CHANGED
+    for name in set().union(*TRL_METHODS_CHANGED.values()):
+        assert callable(getattr(GRPOTrainer, name)), _changed(f"GRPOTrainer.{name} no longer exists")
+
+
+def test_the_trl_and_vllm_names_replaced_at_run_time():
+    # The run-time replacements AblationGRPOTrainer._install_behaviours lists, each of a name TRL or vLLM looks up:
+    # the client class TRL's VLLMGeneration builds (trl_ext/grpo/weight_sync/client.py), the colocated sync
+    # (weight_sync/colocate.py), the client's `_post`, the engine's `generate` and VLLMGeneration.generate
+    # (rollouts/finish_reasons.py, rollouts/rollout_worker.py), TRL's `_use_triton` (fused_head.py, pinned above).
+    import trl.generation.vllm_generation as generation
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+    from vllm import LLM
+
+    assert generation.VLLMClient is VLLMClient, _changed("trl.generation.vllm_generation no longer imports VLLMClient")
+    assert "self.vllm_client = VLLMClient(" in inspect.getsource(VLLMGeneration._init_vllm), _changed(
+        "VLLMGeneration._init_vllm no longer builds its client by the module's name VLLMClient"
+    )
+    assert _params(VLLMGeneration.sync_weights) == ["self"], _changed("VLLMGeneration.sync_weights(self)")
+    assert "self.vllm_generation.sync_weights()" in inspect.getsource(GRPOTrainer._generate_single_turn), _changed(
+        "GRPOTrainer no longer syncs the weights through its VLLMGeneration instance"
+    )
+    assert _params(VLLMGeneration.generate)[:4] == ["self", "prompts", "images", "num_generations"], _changed(
+        f"VLLMGeneration.generate{tuple(_params(VLLMGeneration.generate))}"
+    )
+    assert _params(LLM.generate)[:3] == ["self", "prompts", "sampling_params"], "vLLM's LLM.generate changed"
+    assert _params(VLLMClient._post) == ["self", "url", "kwargs"], _changed("VLLMClient._post(self, url, **kwargs)")
 
 
 def test_constructor_and_loss_entry_points():
@@ -226,13 +283,13 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
 
 
 def test_vllm_outputs_the_finish_reason_record_follows():
-    # trl_ext/grpo/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL reads the
-    # completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
+    # trl_ext/grpo/rollouts/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL
+    # reads the completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
     from vllm.outputs import CompletionOutput
 
-    where = "trl_ext/grpo/finish_reasons.py"
+    where = "trl_ext/grpo/rollouts/finish_reasons.py"
     expected = {
         VLLMClient.generate: [
             'choices = self._post(f"{self.base_url}/v1/completions", json=payload)["choices"]',
@@ -265,14 +322,14 @@ def test_vllm_outputs_the_finish_reason_record_follows():
 
 
 def test_what_async_rollouts_rely_on():
-    # trl_ext/grpo/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training loop's
-    # `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload with
-    # the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
+    # trl_ext/grpo/rollouts/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training
+    # loop's `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload
+    # with the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
     # TRL's `sync_weights` guarded by `_last_loaded_step`; `_prepare_inputs` generates every `generate_every` steps.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
-    where = "trl_ext/grpo/async_rollouts.py, trl_ext/grpo/rollout_worker.py"
+    where = "trl_ext/grpo/rollouts/async_rollouts.py, trl_ext/grpo/rollouts/rollout_worker.py"
     expected = {
         VLLMClient.generate: [
             'payload = {\n            "model": self.model,\n            "prompt": prompts,',

@@ -2,8 +2,9 @@
 
 One engine for the module: tests/scripts/vllm_colocate.py trains `AblationGRPOTrainer` for 3 steps in a child
 process and records what the engine and the trainer computed (see its docstring). TRL's own sync cannot run on the
-CPU engine (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`, see trl_ext/grpo/vllm_sync.py);
-`AblationGRPOTrainer` installs `trl_ext.grpo.vllm_sync.sync_weights_cpu` there.
+CPU engine (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`, see
+trl_ext/grpo/weight_sync/colocate.py); `AblationGRPOTrainer` installs
+`trl_ext.grpo.weight_sync.colocate.sync_weights_cpu` there.
 
 Tolerances: TRL builds the colocated engine without a dtype, so vLLM runs the float32 checkpoint in bfloat16
 (`engine_dtype`) while the trainer computes in float32. Measured on the tiny model: |engine - forward| log-prob of
@@ -76,12 +77,12 @@ def test_importance_sampling_ratio_uses_the_engine_log_probs(colocate):
 
 def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
     """Issue #23 item 4, against vLLM itself: for completions the real engine generated with stop strings (one-token
-    tags, characters, two-token strings; the stop string's text kept and dropped), `trl_ext.grpo.finished`'s rule calls
-    a completion finished exactly when vLLM's `finish_reason` is "stop" (stop string or EOS) and truncated when it
-    is "length". TRL's rule (last token EOS or pad) called every stop-string completion truncated."""
+    tags, characters, two-token strings; the stop string's text kept and dropped), `trl_ext.grpo.rollouts.finished`'s
+    rule calls a completion finished exactly when vLLM's `finish_reason` is "stop" (stop string or EOS) and truncated
+    when it is "length". TRL's rule (last token EOS or pad) called every stop-string completion truncated."""
     from transformers import AutoTokenizer
 
-    from trl_ext.grpo.finished import finished_completions
+    from trl_ext.grpo.rollouts.finished import finished_completions
 
     tokenizer = AutoTokenizer.from_pretrained(colocate["model_path"])
     rows = colocate["stopped"]

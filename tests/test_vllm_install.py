@@ -35,7 +35,7 @@ def test_the_weight_transfer_plugin_is_installed_for_vllm():
     transfer (`trl_ext_gloo`). Catches an install made before the entry point existed (reinstall: `pip install -e .`),
     where a server started with that backend refuses it ("Invalid weight transfer backend")."""
     plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
-    assert [p.value for p in plugins if p.name == "trl_ext_gloo"] == ["trl_ext.grpo.weight_transfer:register"]
+    assert [p.value for p in plugins if p.name == "trl_ext_gloo"] == ["trl_ext.grpo.weight_sync.plugin:register"]
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,9 @@ def test_the_weight_transfer_plugin_is_installed_for_vllm():
         "trl_ext.cli",
         "trl_ext.evaluation",
         "trl_ext.launch",
-        "trl_ext.grpo.vllm_sync",
-        "trl_ext.grpo.weight_transfer",  # vLLM loads it as a plugin; the launcher reads its flags
+        "trl_ext.grpo.weight_sync.colocate",
+        "trl_ext.grpo.weight_sync.plugin",  # vLLM loads it as a plugin; the launcher reads its flags
+        "trl_ext.grpo.weight_sync.wire",
     ],
 )
 def test_trl_ext_modules_do_not_import_vllm(module):

@@ -4,7 +4,7 @@ optimizer step (issue 29).
 One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo weight transfer, its command composed
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
 cpu_server_args`). Against it, in child processes (tests/scripts/vllm_server_sync.py; TRL's own
-`VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_transfer_client.GlooVLLMClient`):
+`VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
 
 1. two training processes (torchrun, DDP over gloo), 3 optimizer steps;
 2. one process, a new trainer per run, each joining the server's transfer anew: 3 steps plain, with `padding_free`,

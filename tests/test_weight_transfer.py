@@ -1,4 +1,5 @@
-"""trl_ext.grpo.weight_transfer: the CPU weight transfer's wire, without vLLM (the real server: test_vllm_server_sync).
+"""trl_ext.grpo.weight_sync.wire: the CPU weight transfer's wire, without vLLM (the real server:
+test_vllm_server_sync).
 
 Chunks computed by hand; a real gloo group of two ranks (two threads of this process, their own `TCPStore`, torch's
 default group untouched) moves a model's tensors bit for bit, refuses a stream that is not the announced one, and
@@ -14,14 +15,8 @@ import pytest
 import torch
 from helpers import free_port
 
-from trl_ext.grpo.weight_transfer import (
-    GlooLink,
-    applies,
-    chunk_plan,
-    pack,
-    send_chunks,
-    unpack,
-)
+from trl_ext.grpo.weight_sync.client import applies
+from trl_ext.grpo.weight_sync.wire import GlooLink, chunk_plan, pack, send_chunks, unpack
 
 
 def test_chunk_plan_by_hand():

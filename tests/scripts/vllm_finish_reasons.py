@@ -59,7 +59,7 @@ def main(out_dir: Path) -> None:
     from vllm_helpers import build_engine_model
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
-    from trl_ext.grpo.finished import finished_completions
+    from trl_ext.grpo.rollouts.finished import finished_completions
     from trl_ext.tiny import TAG_TOKENS
 
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """vLLM's finish reasons through a real server: `AblationGRPOTrainer` in server mode on the CPU.
 
 Usage: vllm_server_finish_reasons.py OUT_FILE --port P --model DIR [--group-port G]. Against the `trl vllm-serve` on
-127.0.0.1:P (serving DIR with the gloo weight transfer, `trl_ext.grpo.weight_transfer.server_args()`), builds the
+127.0.0.1:P (serving DIR with the gloo weight transfer, `trl_ext.grpo.weight_sync.plugin.server_args()`), builds the
 trainer (`use_vllm=True, vllm_mode="server"`, `mask_truncated_completions=True`, n=4, its tokenizer with the tags
 special) and runs one `_generate_and_score_completions` per case of tests/scripts/record_vllm_completions.py (seeded
 sampling; at most 4 stop strings), TRL's weight sync first as in training; then posts the same body straight to
@@ -41,7 +41,7 @@ def main() -> None:
     from vllm_finish_reasons import MAX_TOKENS, PROMPTS
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
-    from trl_ext.grpo.finished import finished_completions
+    from trl_ext.grpo.rollouts.finished import finished_completions
     from trl_ext.tiny import TAG_TOKENS
 
     torch.set_num_threads(1)

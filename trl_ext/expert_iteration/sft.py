@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from trl_ext.grpo.sampling import loss_mask
+from trl_ext.grpo.rows import loss_mask
 from trl_ext.objectives import compute_entropy, sft_microbatch_train_step
 
 

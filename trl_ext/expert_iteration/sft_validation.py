@@ -33,7 +33,7 @@ from trl import SFTTrainer
 from trl_ext.evaluation import EvalConfig, cut_samples, eos_token_ids, render_prompts, score_samples, summarize
 from trl_ext.evaluation.samples import Sample
 from trl_ext.evaluation.transformers_backend import generate_transformers
-from trl_ext.grpo.vllm_sync import sync_weights_cpu
+from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
 
 VLLM_MODES = ("colocate", "server")
 
@@ -228,7 +228,7 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def _build_vllm_generation(self):
         """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
-        colocated weight sync of `trl_ext.grpo.vllm_sync`."""
+        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`."""
         from trl.generation.vllm_generation import VLLMGeneration
 
         acc, cfg = self.accuracy, self.accuracy.config
@@ -245,7 +245,7 @@ class ValidatingSFTTrainer(SFTTrainer):
         if acc.vllm_mode == "colocate":
             from vllm.platforms import current_platform
 
-            if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (trl_ext.grpo.vllm_sync)
+            if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (weight_sync.colocate)
                 generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
         self.vllm_generation = generation
         return generation

@@ -1,17 +1,19 @@
 """The GRPO trainer: `AblationGRPOConfig` and `AblationGRPOTrainer`, and the modules they are wired from.
 
-Modules, one job each (top to bottom):
+Modules, one job each (docs/architecture.md has the table and the way through the trainer):
 
 - `trainer`: `AblationGRPOTrainer`, the wiring of the three hooks (advantages, per-token loss, reduction) into TRL's
-  `GRPOTrainer`;
+  `GRPOTrainer`, and the one place the generation side's behaviours are installed, in an order it states;
 - `config`: `AblationGRPOConfig` (TRL's `GRPOConfig` plus the axes and the seeds' batch vocabulary), resolved by
   `axes`;
-- `sampling`: DAPO's dynamic sampling and the batch helpers (`loss_mask`, row trimming); `finished`: finished vs
-  truncated completions; `packing`: padding-free rows; `fused_head`: the LM head at the completion tokens only;
-- `vllm_sync`: the colocated weight sync on vLLM's CPU backend; `weight_transfer` (with `weight_transfer_engine`, the
-  vLLM side, and `weight_transfer_client`, the trainer side): server-mode weight sync without CUDA, over gloo;
-  `async_rollouts` (with `rollout_worker`): the next generation batch requested from the server while this one
-  trains; `callbacks`: rollout samples to a JSONL file.
+- the loss side: `rows` (a batch's per-completion entries, the loss mask), `packing` (padding-free rows),
+  `fused_head` (the LM head at the completion tokens only); `callbacks`: rollout samples to a JSONL file;
+- `rollouts/`, what shapes a generation batch: `dynamic_sampling` (DAPO's), `finished` (finished vs truncated
+  completions, by `finish_reasons`, vLLM's own), `async_rollouts` (with `rollout_worker`: the next generation batch
+  requested from the server while this one trains);
+- `weight_sync/`, the trainer's weights into vLLM where TRL's sync cannot reach: `colocate` (a colocated engine on
+  vLLM's CPU backend) and the CPU transfer to a server over gloo: `plugin` (its name, flags and vLLM entry point),
+  `wire`, `client` (the trainer's side), `engine` (the vLLM worker's side).
 
 Light to import: TRL loads on first use of the two public names.
 """

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_ext.grpo.async_rollouts import check_async_rollouts_config
 from trl_ext.grpo.axes import (
     PG_LOSS_CHOICES,
     TRL_LOSS_TYPES,
@@ -35,7 +34,8 @@ from trl_ext.grpo.axes import (
     resolve_axes,
 )
 from trl_ext.grpo.packing import PACKABLE_ATTENTION
-from trl_ext.grpo.sampling import check_dynamic_sampling_config
+from trl_ext.grpo.rollouts.async_rollouts import check_async_rollouts_config
+from trl_ext.grpo.rollouts.dynamic_sampling import check_dynamic_sampling_config
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 from trl_ext.preflight.environment import world_size_from_env as _world_size
 

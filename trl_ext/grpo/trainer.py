@@ -11,6 +11,12 @@ TRL's own code):
 
 With the TRL-named combinations (every `loss_type` x `scale_rewards`) this is TRL's loss to float rounding; the
 equivalence tests compare loss and gradients with stock `GRPOTrainer` on the same batch.
+
+The way through, top to bottom: `AblationGRPOTrainer.__init__` (the checks made before TRL loads the model, TRL's
+`__init__`, then `_install_behaviours`, which lists every behaviour of the generation side in the order it is
+installed and where it is wired), then `_generate_and_score_completions` (one generation batch: dynamic sampling,
+TRL's generation and scoring, the async version tags, the finished-completion mask, the advantages, in that order),
+then `_compute_loss` (the loss side).
 """
 
 from __future__ import annotations
@@ -19,15 +25,15 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from trl_ext.grpo.async_rollouts import AsyncRolloutsMixin
 from trl_ext.grpo.config import AblationGRPOConfig
-from trl_ext.grpo.finished import FinishedCompletionsMixin
 from trl_ext.grpo.fused_head import compact_lm_head
 from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
+from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_trainer_inputs
+from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
+from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
-from trl_ext.grpo.sampling import DynamicSamplingMixin
-from trl_ext.grpo.vllm_sync import install_colocate_weight_sync
-from trl_ext.grpo.weight_transfer import server_weight_sync
+from trl_ext.grpo.weight_sync.client import server_weight_sync
+from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -53,12 +59,29 @@ _LOSS_FIELDS = (
 class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, GRPOTrainer):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
-    Overrides exactly:
+    The MRO: `AblationGRPOTrainer -> DynamicSamplingMixin -> FinishedCompletionsMixin -> AsyncRolloutsMixin ->
+    GRPOTrainer`. Each TRL method is changed in one class only (tests/test_trl_internals.py checks), so no wrapper
+    order follows from the MRO: the order of the behaviours is written out in `_install_behaviours` and
+    `_generate_and_score_completions`.
 
-    - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); `train_batch_size`
-      is checked against `accelerator.num_processes` (the config could only read `$WORLD_SIZE`); HF's per-device
-      `_train_batch_size` is reset, since the seed field `train_batch_size` shadows HF's property of that name.
-    - `_generate_and_score_completions`: calls TRL's, then replaces `output["advantages"]` with
+    - this class: `__init__`, `_generate_and_score_completions`, `_get_per_token_logps_and_entropies`,
+      `_compute_loss`;
+    - `trl_ext.grpo.rollouts.dynamic_sampling.DynamicSamplingMixin`: `_calculate_rewards` (keeps the gathered
+      rewards);
+    - `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin`: `_generate` (the clipped-ratio and terminated-length
+      metrics by vLLM's finish reasons or the stop strings);
+    - `trl_ext.grpo.rollouts.async_rollouts.AsyncRolloutsMixin`: `train`, `get_batch_samples`, `_prepare_inputs`,
+      `_generate_single_turn` (the next generation batch requested ahead).
+
+    This class's overrides:
+
+    - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); the inputs dynamic
+      sampling and async rollouts cannot use are refused before TRL loads the model; `_install_behaviours` after
+      TRL's; `train_batch_size` is checked against `accelerator.num_processes` (the config could only read
+      `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the seed field `train_batch_size` shadows
+      HF's property of that name.
+    - `_generate_and_score_completions`: one generation batch (TRL's, or with `dynamic_sampling` several of TRL's,
+      the varied groups kept), each scored by `_score_generation_batch`; then replaces `output["advantages"]` with
       `objectives.compute_advantages` of the gathered rewards (and completion lengths), sliced for this process as
       TRL slices, and the advantages TRL just appended to the completions table; logs `advantages/mean|std`.
     - `_compute_loss`: TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), TRL's entropy mask
@@ -76,19 +99,6 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
       `padding_free` for a processor (multimodal) or a model whose packed rows could attend to each other (a model
       type off the allow-list, prompt-learning PEFT, another attention: `trl_ext.grpo.packing.packing_problem`).
 
-    `trl_ext.grpo.sampling.DynamicSamplingMixin` (between this class and TRL's) keeps the `(N_global, n_reward_funcs)`
-    rewards TRL's `_calculate_rewards` gathers in `self._gathered_rewards`, which the advantages are computed from.
-    With `dynamic_sampling`, it builds each
-    generation batch from several of TRL's, keeping the groups whose rewards differ; the overrides above see it as
-    one generation batch (its gathered rewards included, so batch-level estimators cover the trained groups).
-
-    `trl_ext.grpo.finished.FinishedCompletionsMixin` counts a completion that ended at a stop string as finished, not
-    truncated, in `completions/clipped_ratio`, the terminated-length metrics and `mask_truncated_completions`: with
-    vLLM by vLLM's own `finish_reason` (`trl_ext.grpo.finish_reasons`), else by the token tail.
-
-    `trl_ext.grpo.async_rollouts.AsyncRolloutsMixin` (innermost) requests the next generation batch from the vLLM
-    server while this one trains (`async_rollouts`), tagging each row with its `policy_version`.
-
     Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """
 
@@ -103,8 +113,14 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
                 f"args must be an AblationGRPOConfig, got {type(args).__name__}; build the config with "
                 "trl_ext.AblationGRPOConfig (it accepts every trl.GRPOConfig field)"
             )
+        # Before TRL loads the model: the inputs a behaviour cannot use.
+        if args.dynamic_sampling:
+            check_train_dataset(kwargs.get("train_dataset"))  # extra prompts are drawn by index
+        if args.async_rollouts:
+            check_trainer_inputs(kwargs)  # the request sent ahead is a replayed single-turn request
         with server_weight_sync(args):  # server mode without CUDA: a gloo weight sync where TRL's needs NCCL
             super().__init__(model, reward_funcs, args=args, **kwargs)
+        self._install_behaviours()
         if args.padding_free:
             problem = packing_problem(self.model, is_multimodal=self._is_vlm)
             if problem is not None:
@@ -112,7 +128,6 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
-        install_colocate_weight_sync(self)  # TRL's colocated weight sync fails on vLLM's CPU backend
         # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
@@ -126,6 +141,31 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
                     f"{args.gradient_accumulation_steps} * {world} = {actual}: the config was built with "
                     "WORLD_SIZE unset or different; build it inside the launched processes"
                 )
+
+    def _install_behaviours(self) -> None:
+        """The generation side's behaviours, installed on what TRL's `__init__` built, in this order.
+
+        0. server-mode weight sync without CUDA (`weight_sync.client.server_weight_sync`, already done: it must act
+           while TRL's `__init__` builds its client): TRL's `VLLMGeneration` built `GlooVLLMClient`, TRL's client
+           with a gloo sender, instead of TRL's NCCL-only `VLLMClient`;
+        1. colocated weight sync on vLLM's CPU backend (`weight_sync.colocate`): replaces this trainer's
+           `vllm_generation.sync_weights` (TRL's per-parameter load fails there); a no-op elsewhere;
+        2. async rollouts (`rollouts.async_rollouts`, `async_rollouts`): the replay layer under the server client's
+           `_post` (main process). First on `_post`: a replayed answer then passes every later wrapper as a sent one;
+        3. vLLM's finish reasons (`rollouts.finish_reasons`, with vLLM): records them by wrapping the server client's
+           `_post` (above the replay), the colocated `llm.generate` and `vllm_generation.generate`, all on this
+           trainer's instances; `_generate` reads them;
+        4. dynamic sampling (`rollouts.dynamic_sampling`): nothing to install; `_generate_and_score_completions` runs
+           it;
+        5. the compact LM head (`fused_head.compact_lm_head`): nothing to install; it swaps TRL's `_use_triton` only
+           for the length of each forward in `_get_per_token_logps_and_entropies`.
+
+        `_post` is wrapped twice, by two behaviours: the replay answers a request without sending it, the finish
+        reasons read every answer, replayed or sent; either runs without the other.
+        """
+        install_colocate_weight_sync(self)  # 1
+        self._install_async_rollouts()  # 2
+        self._install_finish_reasons()  # 3
 
     def compute_advantages(
         self, rewards_per_func: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None
@@ -149,8 +189,14 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         )
 
     def _generate_and_score_completions(self, inputs):
+        """One generation batch for the loss: with `dynamic_sampling` (training), several of TRL's generation batches,
+        each scored by `_score_generation_batch`, the varied groups kept (`_sample_dynamically`); otherwise one. Then
+        the advantages, recomputed from the gathered rewards of the batch's groups."""
         self._gathered_rewards = None
-        output = super()._generate_and_score_completions(inputs)
+        if self._samples_dynamically():
+            output = self._sample_dynamically(inputs, self._score_generation_batch)
+        else:
+            output = self._score_generation_batch(inputs)
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         lengths = self.accelerator.gather(loss_mask(output).sum(dim=1))  # (N_global,), a collective on every rank
@@ -166,6 +212,21 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
         self._metrics[mode]["advantages/std"].append(advantages.std().item() if advantages.numel() > 1 else 0.0)
         return output
+
+    def _score_generation_batch(self, inputs) -> dict:
+        """TRL's generation and scoring of one generation batch (`GRPOTrainer._generate_and_score_completions`), then
+        each row tagged with the policy version that sampled it (async rollouts), then, where TRL's rule would also
+        mask the completions that stopped at a stop string, the truncated completions alone masked."""
+        masks_itself = self._masks_truncated_itself()
+        if masks_itself:
+            self.mask_truncated_completions = False  # TRL's rule would also mask the completions that stopped
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            if masks_itself:
+                self.mask_truncated_completions = True
+        output = self._tag_policy_version(output)
+        return self._mask_truncated(output) if masks_itself else output
 
     def _get_per_token_logps_and_entropies(
         self,

@@ -3,7 +3,7 @@ others, and the weights go from the trainer into the server over gloo after ever
 
 TRL's `trl vllm-serve` selects vLLM's NCCL weight-transfer engine, which needs CUDA; on the CPU the server gets
 `--weight-transfer-config '{"backend": "trl_ext_gloo"}'` (a later flag wins over TRL's), the engine our
-`vllm.general_plugins` entry point registers (`trl_ext.grpo.weight_transfer`). The cores this process may use are
+`vllm.general_plugins` entry point registers (`trl_ext.grpo.weight_sync.plugin`). The cores this process may use are
 split in two halves, the server's first (`taskset -c`, inherited by every process either side starts; vLLM binds
 its OpenMP threads to the cores it is allowed, torch sizes its thread pool to them), so generation and training do
 not compete for a core. With one core there is nothing to split: both run unpinned.
@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from trl_ext.grpo.weight_transfer import BACKEND, SERVER_LOG_ENV, server_args
+from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
 from trl_ext.launch.planning import Command
 
 CPU_KV_CACHE_BYTES = 256 * 2**20

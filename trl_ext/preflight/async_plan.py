@@ -2,8 +2,8 @@
 memory of the rollouts queued ahead, checked against the host's available memory.
 
 With `async_rollouts`, one generation batch is requested from the vLLM server ahead of its turn
-(`trl_ext.grpo.async_rollouts`); until its turn, the server's answer waits, parsed, in the host memory of the main
-training process: every completion's token ids and one log-prob per token, with the strings vLLM's
+(`trl_ext.grpo.rollouts.async_rollouts`); until its turn, the server's answer waits, parsed, in the host memory of the
+main training process: every completion's token ids and one log-prob per token, with the strings vLLM's
 `/v1/completions` sends beside them and the prompt's ids echoed in each choice. Nothing waits in GPU memory: the
 batch becomes tensors on its turn, as in the synchronous run, and the server generates the same batch size either
 way. On several GPUs (NCCL) or the CPU layout alike, only the main process holds the queued answer.

@@ -14,7 +14,7 @@ with `L` the completion's token count (TRL passes `completion_ids` to reward fun
     reward_funcs: [countdown, "soft_overlong(max_length=1024, buffer_length=256)"]
 
 A shaping reward carries `shaping = True`: dynamic sampling judges a group by the other rewards only (DAPO filters
-on accuracy), see `trl_ext.grpo.sampling`.
+on accuracy), see `trl_ext.grpo.rollouts.dynamic_sampling`.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ One batch is requested ahead at a time, so a sample is never more than `m` steps
 next batch's prompts come from TRL's own dataloader, read one generation batch ahead (`get_batch_samples`), so the
 async run trains on the same prompts in the same order as the synchronous one; the first batch of each epoch is
 generated synchronously (the next epoch's iterator does not exist yet). Only the main process's HTTP request runs in
-the background (`trl_ext.grpo.rollout_worker`); gathering the prompts and broadcasting the answer and its version
-are collectives and stay on the main thread, in the same order on every process.
+the background (`trl_ext.grpo.rollouts.rollout_worker`); gathering the prompts and broadcasting the answer and its
+version are collectives and stay on the main thread, in the same order on every process.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections import deque
 
 import torch
 
-from trl_ext.grpo.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
+from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
 
 logger = logging.getLogger(__name__)
 
@@ -149,25 +149,25 @@ class _Rollouts:
 
 
 class AsyncRolloutsMixin:
-    """`GRPOTrainer` mixin: generation batches requested one ahead from the vLLM server (module docstring).
+    """`AblationGRPOTrainer`'s asynchronous rollouts: generation batches requested one ahead from the vLLM server
+    (module docstring). Active only when `args.async_rollouts` is true.
 
-    Put it just above `trl.GRPOTrainer` in the bases, below every mixin that wraps the vLLM client (its request layer
-    must be the innermost). Active only when `args.async_rollouts` is true. Overrides `__init__` (refuses inputs it
-    cannot replay), `train` (waits for a request still in flight at the end), `get_batch_samples` (reads the
-    dataloader one generation batch ahead), `_prepare_inputs` (requests the next batch mid-batch when
-    `max_staleness < m`), `_generate_single_turn` (waits for the server to be idle before a weight push, pushes,
-    then requests the next batch) and `_generate_and_score_completions` (tags each row with its `policy_version`,
-    checks the bound, logs `METRICS`).
+    Installed by `AblationGRPOTrainer` (its `_install_behaviours` lists every behaviour in its order): the trainer
+    refuses with `check_trainer_inputs` what cannot be replayed before TRL loads the model, then
+    `_install_async_rollouts` puts the replay layer under the vLLM client's `_post`, before any other wrapper of it (it
+    must be the innermost), and the trainer's scoring of one generation batch calls `_tag_policy_version`. The TRL
+    methods changed here, each only here: `train` (waits for a request still in flight at the end),
+    `get_batch_samples` (reads the dataloader one generation batch ahead), `_prepare_inputs` (requests the next batch
+    mid-batch when `max_staleness < m`), `_generate_single_turn` (waits for the server to be idle before a weight
+    push, pushes, then requests the next batch).
     """
 
-    def __init__(self, *args, **kwargs):
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        active = bool(getattr(config, "async_rollouts", False))
-        if active:
-            check_trainer_inputs(kwargs)
-        self._rollouts: _Rollouts | None = None
-        super().__init__(*args, **kwargs)
-        if active:
+    _rollouts: _Rollouts | None = None  # the state of an active run; None when `async_rollouts` is off
+
+    def _install_async_rollouts(self) -> None:
+        """The per-run state and, on the main process, the replay layer under the client's `_post` (after TRL built
+        the client, before any other wrapper of `_post`)."""
+        if self.args.async_rollouts:
             self._rollouts = _Rollouts(self)
 
     def train(self, *args, **kwargs):
@@ -216,8 +216,9 @@ class AsyncRolloutsMixin:
                 self._request_ahead(rows)
         return result
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def _tag_policy_version(self, output: dict) -> dict:
+        """`output` (one scored generation batch) with `policy_version` per row (training, async only); checks the
+        staleness bound and logs `async/staleness`."""
         state = self._rollouts
         if state is None or not self.model.training:
             return output

@@ -1,64 +1,29 @@
-"""Server-mode weight sync on the CPU: the trainer pushes its weights into a running vLLM server over a gloo process
-group, through the endpoints TRL's NCCL sync uses.
+"""The wire of the CPU weight transfer: how the trainer's tensors travel to the vLLM server's workers over gloo.
 
-TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine (`VLLMClient.init_communicator` /
-`update_named_params`), which needs a CUDA device. vLLM 0.31 selects the server's engine by name
-(`--weight-transfer-config '{"backend": NAME}'`, looked up in `WeightTransferEngineFactory`), and our
-`vllm.general_plugins` entry point (`register`, run in every vLLM process) adds `BACKEND` there. The two sides:
-
-- server: `trl_ext.grpo.weight_transfer_engine.GlooWeightTransferEngine`, in each vLLM worker: joins the group at
-  `/init_weight_transfer_engine`, and per sync runs vLLM's layerwise reload (`/start_weight_update`), receives and
-  loads the tensors (`/update_weights`), then finishes the reload and repacks the layers that kept their weight (a
-  tied LM head: `trl_ext.grpo.vllm_sync.repack_kept_weight_layers`) (`/finish_weight_update`);
-- trainer: `trl_ext.grpo.weight_transfer_client.GlooVLLMClient`, TRL's `VLLMClient` with a gloo sender in place of
-  the NCCL communicator; TRL's `VLLMGeneration.sync_weights` drives it with TRL's own tensors (PEFT merged, names
-  as TRL fixes them), so every tensor TRL's sync moves is moved.
-
-The wire: the trainer is rank 0 of a `ProcessGroupGloo` built from a `TCPStore` it hosts on `vllm_group_port` (the
-default group is never touched); each server worker is rank `1 + its rank`. Per sync the tensors are packed in
+TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine, which needs a CUDA device; on the CPU both sides
+use this wire instead (`trl_ext.grpo.weight_sync.client`, the trainer's side; `trl_ext.grpo.weight_sync.engine`, each
+vLLM worker's). The trainer is rank 0 of a `ProcessGroupGloo` built from a `TCPStore` it hosts on `vllm_group_port`
+(the default group is never touched); each server worker is rank `1 + its rank`. Per sync the tensors are packed in
 metadata order into uint8 chunks of at most `chunk_bytes` (one tensor per chunk when larger) and broadcast; both sides
 cut the chunks from the same metadata (`chunk_plan`). Every wait is bounded by `timeout_s` (TRL's
 `vllm_server_timeout`), so a server that is gone fails the trainer with its name, never a hang.
 
-Light to import (the launcher reads `server_args` from here): torch, TRL and vLLM load where they are used.
+Light to import: torch loads where it is used.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import math
-import os
 import socket
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-BACKEND = "trl_ext_gloo"
 # Bytes per broadcast: large enough that the per-call cost vanishes, small enough that the packed copy stays cheap.
 CHUNK_BYTES = 64 * 2**20
-# The server's log file, set by `trl-ext launch` for the trainer: named in the error when the server is gone.
-SERVER_LOG_ENV = "TRL_EXT_VLLM_SERVER_LOG"
-ENGINE_MODULE = "trl_ext.grpo.weight_transfer_engine"
-ENGINE_CLASS = "GlooWeightTransferEngine"
-
-
-def server_args() -> list[str]:
-    """The `vllm serve` / `trl vllm-serve` flags that select this transfer (TRL's `vllm-serve` passes nccl first; a
-    later flag wins)."""
-    return ["--weight-transfer-config", json.dumps({"backend": BACKEND})]
-
-
-def register() -> None:
-    """The `vllm.general_plugins` entry point: adds `BACKEND` to vLLM's weight-transfer registry (lazily: the engine
-    module loads when a server selects it). vLLM runs plugins in each of its processes, possibly more than once."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, ENGINE_MODULE, ENGINE_CLASS)
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -182,37 +147,3 @@ def send_chunks(
         link.broadcast(pack(tensors))
     if next(iterator, None) is not None:
         raise RuntimeError(f"more weights than the {len(names)} announced")
-
-
-def applies(args) -> bool:
-    """Whether a GRPO run with `args` syncs a vLLM server from a trainer without CUDA (where TRL's NCCL cannot)."""
-    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"):
-        return False
-    import torch
-
-    return bool(getattr(args, "use_cpu", False)) or not torch.cuda.is_available()
-
-
-@contextmanager
-def server_weight_sync(args):
-    """While TRL's `GRPOTrainer.__init__` runs, its `VLLMGeneration` builds `GlooVLLMClient` instead of TRL's
-    `VLLMClient` when `applies(args)`; a no-op otherwise (NCCL on GPUs, untouched). Imports TRL's client module only
-    when it applies."""
-    if not applies(args):
-        yield
-        return
-    import trl.generation.vllm_generation as generation
-
-    from trl_ext.grpo.weight_transfer_client import GlooVLLMClient
-
-    original = generation.VLLMClient
-    generation.VLLMClient = GlooVLLMClient
-    try:
-        yield
-    finally:
-        generation.VLLMClient = original
-
-
-def server_log() -> str | None:
-    """The server's log file when the launcher named it (`SERVER_LOG_ENV`)."""
-    return os.environ.get(SERVER_LOG_ENV) or None

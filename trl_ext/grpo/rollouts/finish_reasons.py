@@ -13,7 +13,8 @@ vLLM skipped an earlier match (a stop string inside `min_tokens`).
 classes are left alone; `ReasonRecorder.watch_client` / `watch_engine` are the first two):
 
 - server, main process: `vllm_client._post` records `(finish_reason, stop_reason)` of each choice of a
-  `/v1/completions` answer, in the order TRL reads `token_ids` from the same choices;
+  `/v1/completions` answer, in the order TRL reads `token_ids` from the same choices (above the replay layer of
+  `trl_ext.grpo.rollouts.rollout_worker` with async rollouts, so a replayed answer is recorded as a sent one);
 - colocate: `llm.generate` records them from each `CompletionOutput`, in the order TRL flattens the outputs;
 - `vllm_generation.generate`: clears the record before TRL's call and, after it, cuts this process's share as TRL
   cuts the completions (server: broadcast from the main process, then slice `process_index`; colocate with tensor
@@ -30,7 +31,7 @@ import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-COMPLETIONS_ENDPOINT = "/v1/completions"
+from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ background thread, and the replay of its answer when TRL asks for exactly that r
 TRL 1.16's server mode asks for completions with one HTTP request from the main process
 (`VLLMClient.generate` -> `_post(".../v1/completions", json=payload)`), between collectives that gather the prompts
 and broadcast the answer (`trl/generation/vllm_generation.py`). `install_replay` puts a layer under that client's
-`_post` (under every other wrapper of it, such as `trl_ext.grpo.finish_reasons`): a training request whose payload
-equals the one sent ahead is answered from the background request; every other request (evaluation, dynamic
+`_post` (under every other wrapper of it, such as `trl_ext.grpo.rollouts.finish_reasons`): a training request whose
+payload equals the one sent ahead is answered from the background request; every other request (evaluation, dynamic
 sampling's extra batches, weight transfer, a request whose prefetch went stale) goes out as before. So everything
 TRL does with the answer, and everything wrapped around `_post`, runs on the main thread as in the synchronous path.
 
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
+# The endpoint TRL's `VLLMClient.generate` posts to; both wrappers of its `_post` (the replay here, the finish-reason
+# record of `trl_ext.grpo.rollouts.finish_reasons`) act on its answers only.
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
 

@@ -1,10 +1,21 @@
-"""The trainer side of the CPU weight transfer (`trl_ext.grpo.weight_transfer`): TRL's `VLLMClient` whose NCCL
-communicator is replaced by a gloo sender when the trainer's device is not CUDA.
+"""The trainer side of the CPU weight transfer: TRL's `VLLMClient` whose NCCL communicator is replaced by a gloo
+sender when the trainer's device is not CUDA, and the switch that makes TRL build it.
 
-`trl_ext.grpo.weight_transfer.server_weight_sync` makes TRL's `VLLMGeneration` build this client on a trainer
-without CUDA; TRL then calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
-`update_named_params(metadata, VLLMGeneration._iter_named_params())` and `reset_prefix_cache()`. On a CUDA device
-every method is TRL's own (NCCL).
+TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine (`VLLMClient.init_communicator` /
+`update_named_params`), which needs a CUDA device. vLLM 0.31 selects the server's engine by name
+(`--weight-transfer-config '{"backend": NAME}'`, looked up in `WeightTransferEngineFactory`), and our
+`vllm.general_plugins` entry point (`trl_ext.grpo.weight_sync.plugin.register`) adds `BACKEND` there. The two sides,
+over the wire of `trl_ext.grpo.weight_sync.wire`:
+
+- server: `trl_ext.grpo.weight_sync.engine.GlooWeightTransferEngine`, in each vLLM worker: joins the group at
+  `/init_weight_transfer_engine`, and per sync runs vLLM's layerwise reload (`/start_weight_update`), receives and
+  loads the tensors (`/update_weights`), then finishes the reload and repacks the layers that kept their weight (a
+  tied LM head: `trl_ext.grpo.weight_sync.colocate.repack_kept_weight_layers`) (`/finish_weight_update`);
+- trainer: `GlooVLLMClient` here. `server_weight_sync` makes TRL's `VLLMGeneration` build it on a trainer without
+  CUDA; TRL then calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
+  `update_named_params(metadata, VLLMGeneration._iter_named_params())` and `reset_prefix_cache()`, with TRL's own
+  tensors (PEFT merged, names as TRL fixes them), so every tensor TRL's sync moves is moved. On a CUDA device every
+  method is TRL's own (NCCL).
 
 Failure: every request of the sync goes without retries and is bounded by `timeout_s` (TRL's
 `vllm_server_timeout`), as is every broadcast; a server that is gone (or whose requests fail) raises
@@ -16,26 +27,49 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 
 import requests
 import torch
 from trl.generation.vllm_client import VLLMClient
 
-from trl_ext.grpo.weight_transfer import (
-    BACKEND,
-    CHUNK_BYTES,
-    GlooLink,
-    chunk_plan,
-    local_address_towards,
-    send_chunks,
-    server_args,
-    server_log,
-)
+from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
+from trl_ext.grpo.weight_sync.wire import CHUNK_BYTES, GlooLink, chunk_plan, local_address_towards, send_chunks
 
 TAIL_LINES = 15
+
+
+def applies(args) -> bool:
+    """Whether a GRPO run with `args` syncs a vLLM server from a trainer without CUDA (where TRL's NCCL cannot)."""
+    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"):
+        return False
+    return bool(getattr(args, "use_cpu", False)) or not torch.cuda.is_available()
+
+
+@contextmanager
+def server_weight_sync(args):
+    """While TRL's `GRPOTrainer.__init__` runs, its `VLLMGeneration` builds `GlooVLLMClient` instead of TRL's
+    `VLLMClient` when `applies(args)`; a no-op otherwise (NCCL on GPUs, untouched)."""
+    if not applies(args):
+        yield
+        return
+    import trl.generation.vllm_generation as generation
+
+    original = generation.VLLMClient
+    generation.VLLMClient = GlooVLLMClient
+    try:
+        yield
+    finally:
+        generation.VLLMClient = original
+
+
+def server_log() -> str | None:
+    """The server's log file when the launcher named it (`SERVER_LOG_ENV`)."""
+    return os.environ.get(SERVER_LOG_ENV) or None
 
 
 class VLLMServerError(RuntimeError):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -130,34 +130,32 @@ def draw_prompt_indices(num_rows: int, num_prompts: int, group_size: int, seed: 
 
 
 class DynamicSamplingMixin:
-    """`GRPOTrainer` mixin: `_generate_and_score_completions` repeated until the batch is full of varied groups.
+    """`AblationGRPOTrainer`'s dynamic sampling (module docstring): one generation batch built from several of TRL's.
 
-    Put it between a trainer and `trl.GRPOTrainer` (`class T(DynamicSamplingMixin, GRPOTrainer)`): a subclass
-    above it sees one generation batch, built from the kept groups, as if TRL had generated it; its gathered rewards
-    are left in `self._gathered_rewards` (`AblationGRPOTrainer` recomputes the advantages from them, so batch-level
-    statistics cover the trained groups). Without `AblationGRPOTrainer` the advantages are TRL's, computed per
-    generation batch. Active only when `args.dynamic_sampling` is true and the model is training.
-
-    Overrides `__init__` (refuses datasets it cannot draw prompts from), `_calculate_rewards` (keeps the gathered
-    rewards of each generation batch) and `_generate_and_score_completions`.
+    Installed by `AblationGRPOTrainer` (`trl_ext/grpo/trainer.py`, which lists every behaviour in its order): it
+    checks the training set with `check_train_dataset` before TRL loads the model, and its
+    `_generate_and_score_completions` calls `_sample_dynamically` with its own scoring of one generation batch when
+    `_samples_dynamically()`. The only TRL method changed here is `_calculate_rewards` (it keeps the gathered rewards
+    of each generation batch in `self._gathered_rewards`, which the trainer computes the advantages from, so
+    batch-level statistics cover the trained groups).
     """
 
-    def __init__(self, *args, **kwargs):
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if config is not None and getattr(config, "dynamic_sampling", False):
-            _check_train_dataset(kwargs.get("train_dataset"))  # before TRL loads the model
-        self._gathered_rewards: torch.Tensor | None = None
-        self._prompt_source = None
-        super().__init__(*args, **kwargs)
+    _gathered_rewards: torch.Tensor | None = None  # (N_global, n_funcs) of the last generation batch
+    _prompt_source = None  # the training set extra prompts are drawn from, TRL's unused columns removed
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards = rewards_per_func  # (N_global, n_funcs), every process's completions
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
-        if not getattr(self.args, "dynamic_sampling", False) or not self.model.training:
-            return super()._generate_and_score_completions(inputs)
+    def _samples_dynamically(self) -> bool:
+        """Dynamic sampling builds this generation batch: `dynamic_sampling` on and the model training."""
+        return bool(getattr(self.args, "dynamic_sampling", False)) and self.model.training
+
+    def _sample_dynamically(self, inputs, score: Callable[[list], dict]) -> dict:
+        """One generation batch of varied groups: `score(inputs)` (one of TRL's generation batches, scored) repeated
+        over fresh prompts until enough groups were kept or `max_generation_batches` were generated, then this
+        process's slice of the batch made of the chosen groups (steps 1 to 5 of the module docstring)."""
         args, group = self.args, self.num_generations
         target = args.generation_batch_size // group
         shaping = [bool(getattr(func, "shaping", False)) for func in self.reward_funcs]
@@ -166,7 +164,7 @@ class DynamicSamplingMixin:
         for index in range(args.max_generation_batches):
             if index > 0:
                 inputs = self._draw_inputs(index)
-            output = super()._generate_and_score_completions(inputs)
+            output = score(inputs)
             rewards = self._gathered_rewards
             batches.append(self._gather_batch(output, rewards, self._take_logs()))
             uniform.append(uniform_groups(filter_signal(rewards, self.reward_weights, shaping), group))
@@ -278,7 +276,7 @@ class DynamicSamplingMixin:
         return taken
 
 
-def _check_train_dataset(dataset) -> None:
+def check_train_dataset(dataset) -> None:
     """Dynamic sampling draws extra prompts by index: refuse datasets without `len` and indexing, or with images."""
     if dataset is None:
         return

@@ -1,5 +1,5 @@
-"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.weight_transfer`): a weight-transfer engine that
-receives the trainer's tensors over gloo and loads them into the CPU engine's model.
+"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.weight_sync.client` describes both sides): a
+weight-transfer engine that receives the trainer's tensors over gloo and loads them into the CPU engine's model.
 
 Loaded by vLLM's `WeightTransferEngineFactory` in a server started with
 `--weight-transfer-config '{"backend": "trl_ext_gloo"}'` (registered by our `vllm.general_plugins` entry point);
@@ -7,10 +7,10 @@ the worker's `init_weight_transfer_engine` / `start_weight_update` / `update_wei
 (`vllm/v1/worker/gpu_worker.py`, inherited by the CPU worker) call it for the HTTP endpoints of the same names.
 
 Loading, as vLLM's NCCL engine does, through the layerwise reload (`vllm.model_executor.model_loader.reload`): the
-CPU backend repacks each linear layer for its kernels and replaces `layer.weight` (see `trl_ext.grpo.vllm_sync`), so
-per-parameter `load_weights` has nothing to load into, while the layerwise reload restores each layer, loads it and
-runs `process_weights_after_loading` again. Then the layers that kept their weight but pack a copy of it (a tied LM
-head) are repacked from the updated weight.
+CPU backend repacks each linear layer for its kernels and replaces `layer.weight` (see
+`trl_ext.grpo.weight_sync.colocate`), so per-parameter `load_weights` has nothing to load into, while the layerwise
+reload restores each layer, loads it and runs `process_weights_after_loading` again. Then the layers that kept their
+weight but pack a copy of it (a tied LM head) are repacked from the updated weight.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from trl_ext.grpo.vllm_sync import repack_kept_weight_layers
-from trl_ext.grpo.weight_transfer import (
+from trl_ext.grpo.weight_sync.colocate import repack_kept_weight_layers
+from trl_ext.grpo.weight_sync.wire import (
     CHUNK_BYTES,
     GlooLink,
     chunk_plan,

@@ -11,21 +11,25 @@ with its last token (vLLM stops as soon as the text holds a stop string, `vllm/v
 `check_stop_strings`; the token ids keep the stop string's tokens whether or not `include_stop_str_in_output`
 keeps its text). Only a completion cut at `max_completion_length` (or the model's context) is truncated.
 
-`FinishedCompletionsMixin` (between a trainer and `trl.GRPOTrainer`) overrides three methods, calling TRL's:
+`FinishedCompletionsMixin` (installed by `AblationGRPOTrainer`, whose `_install_behaviours` lists every behaviour in
+its order):
 
-- `__init__`: installs `trl_ext.grpo.finish_reasons` on the trainer's vLLM objects (no-op without vLLM);
-- `_generate`: recomputes the four metrics TRL just logged from its rule (clipped ratio, mean / min / max terminated
-  length) over every process's completions;
-- `_generate_and_score_completions`: with `mask_truncated_completions`, runs TRL's with its masking off and zeroes
-  the loss mask (`completion_mask`, `tool_mask`) of the truncated completions only, and recounts
-  `num_items_in_batch` as TRL counts it. TRL's old / reference log-probs of the masked rows then come from an
-  unmasked attention (TRL's from a masked one); they multiply a zero mask either way.
+- `_install_finish_reasons`: installs `trl_ext.grpo.rollouts.finish_reasons` on the trainer's vLLM objects (no-op
+  without vLLM);
+- `_generate` (the one TRL method changed here): recomputes the four metrics TRL just logged from its rule (clipped
+  ratio, mean / min / max terminated length) over every process's completions;
+- `_masks_truncated_itself` / `_mask_truncated`, around TRL's `_generate_and_score_completions` in the trainer's
+  scoring of one generation batch: with `mask_truncated_completions`, TRL's runs with its masking off and the loss
+  mask (`completion_mask`, `tool_mask`) of the truncated completions only is zeroed, and `num_items_in_batch`
+  recounted as TRL counts it. TRL's old / reference log-probs of the masked rows then come from an unmasked attention
+  (TRL's from a masked one); they multiply a zero mask either way.
 
 With vLLM (server and colocate modes) vLLM's own `finish_reason` decides: "stop" (EOS, stop token, stop string) is
-finished, anything else ("length", "abort") truncated (`trl_ext.grpo.finish_reasons` keeps what TRL drops). The token
-tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls, `rollout_func`).
-The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop string
-decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word can.
+finished, anything else ("length", "abort") truncated (`trl_ext.grpo.rollouts.finish_reasons` keeps what TRL drops).
+The token tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls,
+`rollout_func`). The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop
+string decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word
+can.
 
 Without vLLM (`use_vllm: false`) and without stop strings in `generation_kwargs` (`stop` for vLLM, `stop_strings`
 for transformers) both defer to TRL.
@@ -37,8 +41,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from trl_ext.grpo.finish_reasons import install_finish_reasons, vllm_finish_reasons
-from trl_ext.grpo.sampling import loss_mask
+from trl_ext.grpo.rollouts.finish_reasons import install_finish_reasons, vllm_finish_reasons
+from trl_ext.grpo.rows import loss_mask
 
 
 def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:
@@ -81,18 +85,14 @@ def finished_completions(
 
 
 class FinishedCompletionsMixin:
-    """`GRPOTrainer` mixin: a completion that ended at a stop string is finished, not truncated (module docstring).
+    """`AblationGRPOTrainer`'s finished vs truncated completions (module docstring)."""
 
-    Put it just above `trl.GRPOTrainer` in the bases, so that every generation batch TRL builds (dynamic sampling
-    builds several per step) is masked before anything reads its masks.
-    """
+    _finished: torch.Tensor | None = None  # (B,) bool: this process's completions of the last `_generate` call
 
-    _finished: torch.Tensor | None = None
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def _install_finish_reasons(self) -> None:
+        """vLLM's finish reasons, recorded on `self.vllm_generation` (after TRL built it; no-op without vLLM)."""
         if self.use_vllm:
-            install_finish_reasons(self.vllm_generation)  # vLLM's finish reasons, on self.vllm_generation
+            install_finish_reasons(self.vllm_generation)
 
     def _generate(self, prompts):
         generation = self.vllm_generation if self.use_vllm else None
@@ -126,14 +126,16 @@ class FinishedCompletionsMixin:
         metrics["completions/max_terminated_length"][-1] = finished_lengths.max().item()
         return output
 
-    def _generate_and_score_completions(self, inputs):
-        if not (self.mask_truncated_completions and (self.use_vllm or stop_strings(self.args.generation_kwargs))):
-            return super()._generate_and_score_completions(inputs)
-        self.mask_truncated_completions = False  # TRL's rule would also mask the completions that stopped
-        try:
-            output = super()._generate_and_score_completions(inputs)
-        finally:
-            self.mask_truncated_completions = True
+    def _masks_truncated_itself(self) -> bool:
+        """Whether `mask_truncated_completions` is applied by `_mask_truncated` rather than by TRL: with vLLM or stop
+        strings, where TRL's rule would also mask the completions that stopped."""
+        return bool(self.mask_truncated_completions) and bool(
+            self.use_vllm or stop_strings(self.args.generation_kwargs)
+        )
+
+    def _mask_truncated(self, output: dict) -> dict:
+        """`output` (TRL's, scored with its own masking off) with the loss mask of the truncated completions zeroed
+        and `num_items_in_batch` recounted."""
         keep = self._finished.to(output["completion_mask"].dtype).unsqueeze(1)  # (B, 1)
         output["completion_mask"] = output["completion_mask"] * keep
         if output.get("tool_mask") is not None:

@@ -1,0 +1,2 @@
+"""The trainer's weights into vLLM where TRL's own sync cannot reach: a colocated engine on vLLM's CPU backend, and a
+vLLM server from a trainer without CUDA (docs/architecture.md). Light to import: vLLM loads its plugin from here."""
