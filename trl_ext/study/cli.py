@@ -50,13 +50,17 @@ def register(app: typer.Typer) -> None:
         study = _load(study_file, root)
         if slurm and gpus is None:  # the cluster's node, not this one
             gpus = study.slurm.get("gpus_per_node")
+        finished = [r.name for r in study.runs() if is_finished(r.output_dir)]
+        if finished:  # never preflighted again: a finished run is skipped
+            typer.echo(f"skipping {len(finished)} finished run(s): {', '.join(finished)}")
         try:
-            plans, where = planning.plan_study(study, gpus=gpus)
+            todo = [r for r in study.runs() if r.name not in finished]
+            plans, where = planning.plan_study(study, gpus=gpus, runs=todo) if todo else ([], "")
         except StudyError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         if slurm:
-            todo = [p for p in plans if not is_finished(p.run.output_dir)]
+            todo = plans
             if dry_run:
                 for arm, script in slurm_mod.render_scripts(study, todo).items():
                     typer.echo(f"# ---- {study.folder / 'slurm' / (arm + '.sbatch')}\n{script}")
@@ -68,10 +72,12 @@ def register(app: typer.Typer) -> None:
             if not wait:
                 raise typer.Exit(0)
             raise typer.Exit(_wait_slurm(study, poll))
-        typer.echo(planning.render_placement(study, plans, where))
+        if plans:
+            typer.echo(planning.render_placement(study, plans, where))
         if dry_run:
             raise typer.Exit(0)
         outcome = runner.run_study(study, plans, echo=runner.print_flush, show_every=show_every, grace=grace)
+        outcome.skipped = finished
         typer.echo(
             f"study {study.name}: {len(outcome.finished)} finished, {len(outcome.skipped)} skipped (finished "
             f"before), {len(outcome.failed)} failed, {len(outcome.stopped)} stopped, {outcome.seconds:.0f} s"

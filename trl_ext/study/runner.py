@@ -103,18 +103,11 @@ def run_study(
     grace: float = 30.0,
     python: str | None = None,
 ) -> Outcome:
-    """Runs the planned runs (module docstring); returns what happened. The plans' `units` are the node's GPU ids or
-    cores; a run starts when its `need` of them are free, in order."""
+    """Runs the planned runs (module docstring; the caller leaves finished runs out); returns what happened. The
+    plans' `units` are the node's GPU ids or cores; a run starts when its `need` of them are free, in order."""
     outcome = Outcome()
     begin = time.monotonic()
-    queue = []
-    for p in plans:
-        if is_finished(p.run.output_dir):
-            outcome.skipped.append(p.run.name)
-        else:
-            queue.append(p)
-    if outcome.skipped:
-        echo(f"skipping {len(outcome.skipped)} finished run(s): {', '.join(outcome.skipped)}")
+    queue = [p for p in plans if not is_finished(p.run.output_dir)]
     units = sorted({u for p in plans for u in p.units}, key=lambda u: (str(type(u)), u))
     free = list(units)
     running: list[Running] = []
