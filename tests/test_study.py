@@ -129,7 +129,7 @@ def test_seed002_ablations_on_an_8_gpu_node_in_waves_of_four(capsys):
     assert len(plans) == 18 and [p.wave for p in plans] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 2
     assert [p.units for p in plans[:4]] == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
     assert plans[5].port_args() == ["--vllm_server_port", "8050", "--vllm_group_port", "51266"]
-    assert plans[5].env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert plans[5].env() == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
 
 
 def test_a_run_the_launcher_refuses_stops_the_study_before_any_start(tmp_path):

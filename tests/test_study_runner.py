@@ -45,6 +45,7 @@ def _finished_run(folder: Path, seed: int) -> None:
     subprocess.run([sys.executable, FAKE, "done.yaml", "--output_dir", str(folder), "--seed", str(seed)], check=True)
 
 
+@pytest.mark.slow
 def test_skips_finished_runs_reports_a_failure_and_goes_on(tmp_path):
     study = _study(tmp_path, ["a", "b", "fail"], [0, 1])
     runs = tmp_path / "runs" / "s"
@@ -73,6 +74,7 @@ def test_skips_finished_runs_reports_a_failure_and_goes_on(tmp_path):
         assert (runs / "report" / name).is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_run_and_leaves_no_process(tmp_path):
     study = _study(tmp_path, ["sleep"], [0, 1])
     runs = tmp_path / "runs" / "s" / "sleep"

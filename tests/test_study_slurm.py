@@ -52,6 +52,7 @@ def _cli(slurm, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_cpu_study_through_sbatch_and_its_report(slurm, tmp_path):
     study = _study(tmp_path, "slurmtiny", steps=2)
     root = tmp_path / "runs"
@@ -80,6 +81,7 @@ def test_a_cpu_study_through_sbatch_and_its_report(slurm, tmp_path):
     assert "2 done" in status and status.count("COMPLETED") == 2, status
 
 
+@pytest.mark.slow
 def test_cancel_cancels_the_submitted_jobs(slurm, tmp_path):
     study = _study(tmp_path, "slurmcancel", steps=50)
     root = tmp_path / "runs"

@@ -163,7 +163,7 @@ def _wait_slurm(study, poll: float) -> int:
     active = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING"}
     while True:
         states = slurm_mod.job_states(ids)
-        if states and not any(s in active for s in states.values()):
+        if not any(s in active for s in states.values()):  # none left in the queue (or forgotten by Slurm)
             break
         time.sleep(poll)
     typer.echo(render_status(study))

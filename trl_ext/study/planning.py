@@ -72,7 +72,8 @@ class RunPlan:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        return {CUDA_VISIBLE: ",".join(self.units)} if self.gpu else {}
+        # the node's ids are nvidia-smi's (PCI bus order), as the launcher numbers them
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", CUDA_VISIBLE: ",".join(self.units)} if self.gpu else {}
 
     def command(self, study: Study, python: str | None = None) -> list[str]:
         """The launch command with its placement: `taskset -c CORES` for a CPU run."""
@@ -112,15 +113,15 @@ def plan_run(study: Study, run: Run, index: int, node: list, gpu: bool, check_pa
             run.arm.script,
             run.arm.recipe,
             [*run.recipe_args()[2:]],
-            num_gpus=len(node) if gpu else None,
-            environ=environ if gpu else {**environ, CUDA_VISIBLE: ""},
+            # the node's GPU ids as a scheduler would give them, so the plan's ids are the node's
+            environ={**environ, CUDA_VISIBLE: ",".join(node) if gpu else ""},
             check_packages=check_packages,
             cpus=list(node[: study.cores_per_run]) if not gpu else None,
             **_launch_options(run.arm.launch_args),
         )
     except LaunchError as exc:
         raise StudyError(f"run {run.name} ({run.arm.recipe}): {exc}") from None
-    used = [node.index(g) for g in (*plan.train_gpus, *plan.server_gpus) if g in node] if gpu else []
+    used = [node.index(g) for g in (*plan.train_gpus, *plan.server_gpus)] if gpu else []
     need = (max(used) + 1 if used else 1) if gpu else study.cores_per_run
     multi = setup.num_processes > 1 and setup.num_machines == 1 and setup.main_process_port is None
     return RunPlan(run, index, need, gpu, plan.server is not None, multi, setup.num_machines, notes=list(plan.notes))
