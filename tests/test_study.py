@@ -226,8 +226,10 @@ def test_report_reads_the_run_folders(tmp_path):
 def test_progress_from_the_log_and_finished_from_the_folder(tmp_path):
     log = tmp_path / "seed0.log"
     log.write_text(
+        "  steps:   8 GRPO steps -> max_steps 8\n"
+        "Map: 100%|####| 46/46 [00:00<00:00, 1234.56 examples/s]\n"  # labelled bars are not training
         " 25%|##  | 2/8 [00:02<00:07,  1.2s/it] {'loss': '0', 'reward': '0.25', 'entropy': '4.6'}\n"
-        "100%|####| 1/1 [00:00<00:00]\n"  # an evaluation's own bar
+        "100%|####| 12/12 [00:00<00:00, 20.1it/s]\n"  # an evaluation's own bar, a larger total
         " 50%|####| 4/8 [00:04<00:04,  1.2s/it] {'loss': '0', 'reward': '0.5', 'entropy': '4.6'}\n"
     )
     import time

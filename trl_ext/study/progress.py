@@ -2,8 +2,8 @@
 
 - finished: the recipe wrote `train_results.json` (after training and the model save) and, when the run validates
   at the end (`final_eval` with a validation set), `eval_results.json`;
-- the step and `max_steps`: the latest `N/M [` progress line of the log (HF's progress bar), else the latest
-  checkpoint's `trainer_state.json`;
+- the step and `max_steps`: the latest `N/M [` of HF's training progress bar in the log (the unlabelled bar whose
+  total is the `max_steps` the launcher's preflight printed), else the latest checkpoint's `trainer_state.json`;
 - the last train reward: the latest `'reward': X` the trainer logged;
 - the ETA: seconds since the run started x the steps left / the steps done since then.
 """
@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_STEP = re.compile(r"(\d+)/(\d+) \[")
+# HF's training bar has no label (`Map: 46/46 [...]`, `Writing model shards: 1/1 [...]` have one).
+_STEP = re.compile(r"(?:^|[\r\n])\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+) \[[^\]\r\n]*(?:it/s|s/it)")
+_MAX_STEPS = re.compile(r"-> max_steps (\d+)")  # the launcher's preflight print
 _REWARD = re.compile(r"'reward': '?(-?[0-9.]+(?:e-?\d+)?)'?")
 
 
@@ -26,9 +28,12 @@ class RunProgress:
     max_steps: int | None = None
     reward: float | None = None
     eta_s: float | None = None
+    elapsed_s: float | None = None
 
     def render(self) -> str:
         step = f"step {self.step}/{self.max_steps}" if self.step is not None else "starting"
+        if self.elapsed_s is not None:
+            step += f" ({_clock(self.elapsed_s)} in)"
         reward = f", reward {self.reward:.3g}" if self.reward is not None else ""
         eta = f", ETA {_clock(self.eta_s)}" if self.eta_s is not None else ""
         return step + reward + eta
@@ -67,7 +72,11 @@ def read_progress(output_dir: str | Path, log: str | Path | None, started: float
     text = _tail_text(Path(log)) if log is not None else ""
     progress = RunProgress()
     steps = _STEP.findall(text)
-    # The evaluation's own progress bars print `k/n [` too; the training bar is the one with the largest total.
+    # The evaluation's bars have no label either: the training bar is the one whose total is max_steps as the
+    # preflight printed it, else the one with the largest total.
+    stated = _MAX_STEPS.findall(text)
+    if stated and any(int(m) == int(stated[-1]) for _, m in steps):
+        steps = [(n, m) for n, m in steps if int(m) == int(stated[-1])]
     if steps:
         total = max(int(m) for _, m in steps)
         done = [int(n) for n, m in steps if int(m) == total]
@@ -80,6 +89,8 @@ def read_progress(output_dir: str | Path, log: str | Path | None, started: float
     rewards = _REWARD.findall(text)
     if rewards:
         progress.reward = float(rewards[-1])
+    if started is not None:
+        progress.elapsed_s = time.time() - started
     if started is not None and progress.step and progress.max_steps:
         elapsed = time.time() - started
         progress.eta_s = elapsed * (progress.max_steps - progress.step) / progress.step
