@@ -26,7 +26,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
 
-    @study_app.command("run")
+    @study_app.command(
+        "run",
+        help="Preflight every run, then run them on disjoint GPU sets (cores without a GPU) of this node, or submit "
+        "them to Slurm (--slurm); finished runs are skipped, the others resume; the report at the end.",
+    )
     def run_command(
         study_file: Path = typer.Argument(..., help="The study file, e.g. recipes/studies/cpu_tiny.yaml."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Preflight every run, print the placement, exit."),
@@ -88,21 +92,21 @@ def register(app: typer.Typer) -> None:
             _report(study)
         raise typer.Exit(outcome.code)
 
-    @study_app.command("status")
+    @study_app.command("status", help="Each run's Slurm state (if submitted) and its progress from its folder.")
     def status_command(
         study_file: Path = typer.Argument(..., help="The study file."),
         root: Path = typer.Option(RUNS_ROOT, "--root", help=_ROOT_HELP),
     ) -> None:
         typer.echo(render_status(_load(study_file, root)))
 
-    @study_app.command("report")
+    @study_app.command("report", help="Write runs/<study>/report/ (Markdown, JSON, PNG) from the run folders.")
     def report_command(
         study_file: Path = typer.Argument(..., help="The study file."),
         root: Path = typer.Option(RUNS_ROOT, "--root", help=_ROOT_HELP),
     ) -> None:
         _report(_load(study_file, root))
 
-    @study_app.command("cancel")
+    @study_app.command("cancel", help="scancel the study's Slurm jobs, or SIGTERM its local run.")
     def cancel_command(
         study_file: Path = typer.Argument(..., help="The study file."),
         root: Path = typer.Option(RUNS_ROOT, "--root", help=_ROOT_HELP),
