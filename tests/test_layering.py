@@ -3,7 +3,7 @@ module imports only from layers below its own, at the top of the file or inside 
 import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
 #28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
-Top to bottom: `cli` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`, `evaluation` ->
+Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`, `evaluation` ->
 `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ LAYERS = (
     ("expert_iteration",),
     ("recipes", "demo", "discover"),
     ("launch",),
+    ("study",),
     ("cli",),
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

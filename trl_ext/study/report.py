@@ -1,0 +1,253 @@
+"""`trl-ext study report`: the study's numbers from its run folders, into `runs/<study>/report/` (report.md,
+report.json, curves.png, lengths.png).
+
+- Per arm and metric: the metric's last validation value of each finished seed; the mean, and a 95% Student-t
+  interval over seeds (`scipy.stats.t.interval`; none with one seed).
+- Against the reference arm: paired by seed (the same seed's run of each arm, so the same data order and the same
+  held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
+  its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
+- Curves: per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
+  wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
+- Response length of correct and of incorrect completions: from the example rollouts each run writes
+  (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
+  value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from trl_ext.run_logs import load_run, metric_key, series
+from trl_ext.study.progress import is_finished
+from trl_ext.study.spec import Study
+
+CURVES = (("train reward", "reward"), ("validation accuracy", "eval_rewards/*/answer_reward"), ("entropy", "entropy"))
+CONFIDENCE = 0.95
+
+
+def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> dict:
+    """Mean and Student-t interval over seeds (scipy); no interval below two values or with zero spread."""
+    values = [float(v) for v in values]
+    out = {"n": len(values), "mean": float(np.mean(values)) if values else None, "low": None, "high": None}
+    if len(values) >= 2:
+        sem = stats.sem(values)
+        if sem > 0:
+            low, high = stats.t.interval(confidence, len(values) - 1, loc=np.mean(values), scale=sem)
+            out["low"], out["high"] = float(low), float(high)
+        else:
+            out["low"] = out["high"] = out["mean"]
+    return out
+
+
+def paired(values: dict[int, float], reference: dict[int, float]) -> dict:
+    """The arm minus the reference over the seeds both finished: mean, t interval, paired t-test p (scipy)."""
+    seeds = sorted(set(values) & set(reference))
+    diffs = [values[s] - reference[s] for s in seeds]
+    out = {"seeds": seeds, **{k: v for k, v in mean_ci(diffs).items() if k != "n"}, "p": None}
+    if len(seeds) >= 2 and np.std(diffs) > 0:
+        out["p"] = float(stats.ttest_rel([values[s] for s in seeds], [reference[s] for s in seeds]).pvalue)
+    return out
+
+
+def final_value(history: list[dict], pattern: str) -> float | None:
+    """The last logged number of the first key matching `pattern`."""
+    for entry in reversed(history):
+        for key in sorted(entry):
+            value = entry[key]
+            if fnmatch.fnmatch(key, pattern) and isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isnan(value):
+                    return float(value)
+    return None
+
+
+def completion_lengths(run_dir: Path) -> dict[int, dict[str, list[int]]]:
+    """`{step: {"correct": [chars], "incorrect": [chars]}}` from the run's `rollouts.jsonl` (module docstring)."""
+    path = run_dir / "rollouts.jsonl"
+    out: dict[int, dict[str, list[int]]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        completion = row.get("completion")
+        if isinstance(completion, list):  # chat messages
+            completion = "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in completion)
+        kind = "correct" if float(row.get("reward") or 0.0) >= 1.0 else "incorrect"
+        out.setdefault(int(row["step"]), {"correct": [], "incorrect": []})[kind].append(len(str(completion)))
+    return out
+
+
+def collect(study: Study) -> dict:
+    """Everything the report shows, as plain data (what report.json holds)."""
+    arms = {}
+    for arm in study.arms:
+        seeds = {}
+        for seed in study.seeds:
+            folder = study.folder / arm.name / f"seed{seed}"
+            if not is_finished(folder):
+                continue
+            log = load_run(folder)
+            seeds[seed] = {
+                "folder": str(folder),
+                "metrics": {m: final_value(log.history, m) for m in study.metrics},
+                "log": log,
+                "lengths": completion_lengths(folder),
+            }
+        arms[arm.name] = seeds
+    summary = {"study": study.name, "reference": study.reference, "seeds": list(study.seeds), "arms": {}}
+    for name, seeds in arms.items():
+        entry = {"seeds_finished": sorted(seeds), "metrics": {}, "vs_reference": {}}
+        for m in study.metrics:
+            values = {s: d["metrics"][m] for s, d in seeds.items() if d["metrics"][m] is not None}
+            ref = {s: d["metrics"][m] for s, d in arms[study.reference].items() if d["metrics"][m] is not None}
+            entry["metrics"][m] = {**mean_ci(list(values.values())), "per_seed": values}
+            if name != study.reference:
+                entry["vs_reference"][m] = paired(values, ref)
+        lengths: dict[str, list[int]] = {"correct": [], "incorrect": []}
+        for d in seeds.values():
+            for per_step in d["lengths"].values():
+                for kind in lengths:
+                    lengths[kind] += per_step[kind]
+        entry["mean_length_chars"] = {k: (float(np.mean(v)) if v else None) for k, v in lengths.items()}
+        entries = [final_value(d["log"].history, "entropy") for d in seeds.values()]
+        entry["final_entropy"] = mean_ci([e for e in entries if e is not None])
+        summary["arms"][name] = entry
+    return {"summary": summary, "raw": arms}
+
+
+def _band(runs: list, key_pattern: str, axis: str, points: int = 50):
+    """(x grid, mean, low, high) of a metric over a set of runs on a common x grid (linear interpolation)."""
+    curves = []
+    for log in runs:
+        key = metric_key(log, [key_pattern])
+        if key is None:
+            continue
+        xs, values = series(log, key)
+        pairs = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+        if pairs:
+            curves.append(pairs)
+    if not curves:
+        return None
+    end = min(max(x for x, _ in c) for c in curves)
+    start = max(min(x for x, _ in c) for c in curves)
+    if end < start:
+        return None
+    grid = np.linspace(start, end, points) if end > start else np.array([start])
+    stacked = np.array([np.interp(grid, [x for x, _ in c], [v for _, v in c]) for c in curves])
+    return grid, stacked.mean(0), stacked.min(0), stacked.max(0)
+
+
+def plot(study: Study, data: dict, folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    raw = data["raw"]
+    paths = []
+    fig, axes = plt.subplots(len(CURVES), 2, figsize=(11, 3.2 * len(CURVES)), squeeze=False)
+    for row, (title, key) in enumerate(CURVES):
+        for col, axis in enumerate(("step", "wall_clock")):
+            ax = axes[row][col]
+            for arm, seeds in raw.items():
+                band = _band([d["log"] for d in seeds.values()], key, axis)
+                if band is None:
+                    continue
+                grid, mean, low, high = band
+                (line,) = ax.plot(grid, mean, label=f"{arm} ({len(seeds)} seeds)")
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+            ax.set_title(f"{title} by {'step' if axis == 'step' else 'wall clock'}")
+            ax.set_xlabel("optimizer step" if axis == "step" else "wall clock (s)")
+            if ax.lines:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(folder / "curves.png")
+    fig.savefig(paths[-1], dpi=90)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5), squeeze=False)
+    for col, kind in enumerate(("correct", "incorrect")):
+        ax = axes[0][col]
+        for arm, seeds in raw.items():
+            by_step: dict[int, list[int]] = {}
+            for d in seeds.values():
+                for step, per in d["lengths"].items():
+                    by_step.setdefault(step, []).extend(per[kind])
+            steps = sorted(s for s, v in by_step.items() if v)
+            if steps:
+                ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".", label=arm)
+        ax.set_title(f"mean length of {kind} completions (characters)")
+        ax.set_xlabel("optimizer step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(folder / "lengths.png")
+    fig.savefig(paths[-1], dpi=90)
+    plt.close(fig)
+    return paths
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def render_markdown(study: Study, summary: dict) -> str:
+    lines = [f"# Study {study.name}", ""]
+    if study.description:
+        lines += [study.description, ""]
+    lines += [
+        f"Reference arm: `{study.reference}`. Seeds: {', '.join(map(str, study.seeds))}. Intervals: 95% Student-t "
+        "over seeds (scipy). Comparisons are paired by seed (the runs keep aggregate validation metrics, not "
+        "per-problem results).",
+        "",
+    ]
+    for m in study.metrics:
+        lines += [
+            f"## {m} (last validation)",
+            "",
+            "| arm | seeds | mean | 95% CI | vs reference (mean diff, 95% CI, paired t p) |",
+            "|---|---|---|---|---|",
+        ]
+        for arm, entry in summary["arms"].items():
+            s = entry["metrics"][m]
+            ci = f"[{_fmt(s['low'])}, {_fmt(s['high'])}]" if s["low"] is not None else "-"
+            vs = entry["vs_reference"].get(m)
+            if vs is None:
+                cmp = "reference"
+            else:
+                vci = f"[{_fmt(vs['low'])}, {_fmt(vs['high'])}]" if vs["low"] is not None else "-"
+                cmp = f"{_fmt(vs['mean'])}, {vci}, p {_fmt(vs['p'])} ({len(vs['seeds'])} pairs)"
+            lines.append(f"| {arm} | {s['n']} | {_fmt(s['mean'])} | {ci} | {cmp} |")
+        lines.append("")
+    lines += [
+        "## Response length and entropy",
+        "",
+        "| arm | mean length, correct (chars) | mean length, incorrect (chars) | final entropy (mean over seeds) |",
+        "|---|---|---|---|",
+    ]
+    for arm, entry in summary["arms"].items():
+        ln = entry["mean_length_chars"]
+        lines.append(
+            f"| {arm} | {_fmt(ln['correct'])} | {_fmt(ln['incorrect'])} | {_fmt(entry['final_entropy']['mean'])} |"
+        )
+    lines += ["", "![curves](curves.png)", "", "![lengths](lengths.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(study: Study) -> dict:
+    """Writes report.md, report.json, curves.png and lengths.png under `runs/<study>/report/`; returns the summary."""
+    data = collect(study)
+    folder = study.report_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = data["summary"]
+    (folder / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    plot(study, data, folder)
+    (folder / "report.md").write_text(render_markdown(study, summary))
+    return summary
