@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -53,17 +54,19 @@ def measure(stage: int, model_dir: str) -> dict:
         out["master"] = nbytes(zero_opt.single_partition_of_fp32_groups)
     engine.step()
     out["states"] = nbytes(
-        v for state in zero_opt.optimizer.state.values() for k, v in state.items() if torch.is_tensor(v) and k != "step"
+        v
+        for state in zero_opt.optimizer.state.values()
+        for k, v in state.items()
+        if torch.is_tensor(v) and k != "step"
     )
     return out
 
 
 def main() -> None:
-    import deepspeed.comm.torch  # noqa: F401 (deepspeed.comm's `torch` attribute is torch itself)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import no_shm_comm
 
-    # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes of g++) used only by its inference
-    # all-reduce; training's collectives go through gloo.
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    no_shm_comm()
     out_dir, model_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
