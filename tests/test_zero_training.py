@@ -3,8 +3,8 @@ gradients as under DDP.
 
 tests/scripts/zero_equivalence.py runs once per engine: DDP under torch.distributed.run, ZeRO-2 / ZeRO-3 under
 `accelerate launch --config_file accelerate_configs/cpu_zero{2,3}.yaml` (the CPU counterparts of the GPU layouts'
-zero2 / zero3.yaml). Each launch trains the default objective and Dr.GRPO, with beta 0 and with beta 0.04 (TRL's
-reference model; under ZeRO-3 sharded by `trl.models.utils.prepare_deepspeed`), on fixed completions, and records on
+zero2 / zero3.yaml). Each launch trains the default objective with beta 0.04 (TRL's reference model; under ZeRO-3
+sharded by `trl.models.utils.prepare_deepspeed`) and Dr.GRPO with beta 0, on fixed completions, and records on
 the first optimizer step's batch each rank's loss and every full gradient, `padding_free` off and on. With beta > 0
 the policy starts from perturbed weights, so the KL term and its gradient count.
 
@@ -31,7 +31,7 @@ from helpers import free_port
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "zero_equivalence.py"
 ENGINES = ("ddp", "zero2", "zero3")
-RUNS = ("default_b0", "default_b04", "dr_grpo_b0", "dr_grpo_b04")
+RUNS = ("default_b04", "dr_grpo_b0")
 FLAGS = ("padding_free=False", "padding_free=True")
 
 if os.environ.get("TRL_EXT_REQUIRE_VLLM") != "1":  # `make test` on a CPU machine installs DeepSpeed: must run there
