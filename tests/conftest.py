@@ -72,6 +72,7 @@ LONGEST_FIRST = (
     "test_evaluation_smollm2.py",  # a real 135M model generating 128 samples
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
     "test_vllm_server_sync.py",  # a real server, 7 trainers (2 DDP ranks) syncing into it
+    "test_zero_training.py",  # three 2-process launches side by side (DDP, ZeRO-2, ZeRO-3)
     "test_demo.py",
     "test_gpu_check.py",
     "test_vllm_eval.py",
@@ -85,6 +86,7 @@ LONGEST_FIRST = (
     "test_preflight_table.py",
     "test_sampling_distributed.py",
     "test_trainer_distributed.py",
+    "test_zero_memory.py",
 )
 
 

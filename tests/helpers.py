@@ -1,4 +1,4 @@
-"""Helpers shared by test modules: a free local port, and a script run under torchrun on one node."""
+"""Helpers shared by test modules: a free local port, a script run under torchrun on one node, DeepSpeed on CPU."""
 
 from __future__ import annotations
 
@@ -27,6 +27,15 @@ def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def no_shm_comm() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce (`deepspeed_shm_comm`, minutes of
+    g++ on a busy 2-core machine) at `init_distributed`: only its inference all-reduce uses it; training's
+    collectives go through gloo. Call before DeepSpeed initialises its process group."""
+    import deepspeed.comm.torch  # noqa: F401 (deepspeed.comm's `torch` attribute is torch itself)
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
 
 def ragged_rows(vocab: int, seed: int = 0):

@@ -24,10 +24,13 @@ EXPECTED = {
     "multi_gpu.yaml": ("MULTI_GPU", 4, "all", False, None, "bf16"),
     "zero2.yaml": ("DEEPSPEED", 4, "all", False, 2, "bf16"),
     "zero3.yaml": ("DEEPSPEED", 4, "all", False, 3, "bf16"),
+    # the CPU counterparts of zero2 / zero3.yaml: two CPU processes over gloo (tests/test_zero_training.py)
+    "cpu_zero2.yaml": ("DEEPSPEED", 2, None, True, 2, "no"),
+    "cpu_zero3.yaml": ("DEEPSPEED", 2, None, True, 3, "no"),
 }
 
 
-def test_the_seven_configs_exist():
+def test_the_nine_configs_exist():
     assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(EXPECTED)
 
 
@@ -90,8 +93,9 @@ def test_accelerate_launch_places_training_where_the_launcher_does(name, monkeyp
     distributed_type, num_processes, gpu_ids, use_cpu, zero_stage, _ = EXPECTED[name]
     env = _accelerate_launch_env(CONFIG_DIR / name, monkeypatch)
 
-    # Only the single-process launcher exports ACCELERATE_USE_CPU; the distributed ones never run on CPU here.
-    assert env.get("ACCELERATE_USE_CPU", "False") == str(use_cpu)
+    # Only the single-process launcher exports ACCELERATE_USE_CPU; DeepSpeed's launcher does not (cpu_zero*.yaml run
+    # on the CPU because DeepSpeed picks its CPU accelerator where there is no GPU); multi_gpu.yaml never runs on CPU.
+    assert env.get("ACCELERATE_USE_CPU", "False") == str(use_cpu and zero_stage is None)
     if zero_stage is not None:
         assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
         assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(zero_stage)

@@ -206,6 +206,20 @@ def test_ei_preflight_lists_every_problem(tmp_path):
         run_expert_iteration_recipe(argv)
 
 
+def test_ei_preflight_refuses_deepspeed(tmp_path):
+    """Issue 39: expert iteration's SFT is a plain loop of its own; under a DeepSpeed launch (accelerate exports
+    ACCELERATE_USE_DEEPSPEED) with one process nothing refused it, and the engine would not drive its steps."""
+    from trl_ext.recipes import parse_ei_args
+    from trl_ext.recipes.expert_iteration import ei_preflight
+
+    argv = _ei_yaml(tmp_path, "use_vllm: false")
+    environ = {"WORLD_SIZE": "1", "ACCELERATE_USE_DEEPSPEED": "true"}
+    refused = [p for p in ei_preflight(argv, parse_ei_args(argv), environ=environ)[2] if p.field == "distributed_type"]
+    assert len(refused) == 1 and "single_gpu.yaml" in refused[0].fix
+    environ["ACCELERATE_USE_DEEPSPEED"] = "false"
+    assert "distributed_type" not in [p.field for p in ei_preflight(argv, parse_ei_args(argv), environ=environ)[2]]
+
+
 def digit_first(completions, **kwargs) -> list[float]:
     return [float(text[:1].isdigit()) for text in completions]
 

@@ -14,6 +14,7 @@ and the validation batch. EI trains on one process; more is an error before anyt
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -80,6 +81,11 @@ def ei_preflight(argv: Sequence[str], parsed: tuple, environ=None) -> tuple[list
     world = world_size_from_env(environ)
     if world != 1:
         problems.append(Problem("num_processes", f"{world} training processes; expert iteration trains on one"))
+    if str((os.environ if environ is None else environ).get("ACCELERATE_USE_DEEPSPEED", "")).lower() == "true":
+        # Its SFT is a plain loop of its own (optimizer, backward) that DeepSpeed's engine would not drive.
+        message = "DEEPSPEED (e.g. zero3.yaml): expert iteration's SFT loop does not run under DeepSpeed"
+        fix = "launch with accelerate_configs/single_gpu.yaml or cpu.yaml"
+        problems.append(Problem("distributed_type", message, fix))
     plan, output_problems = plan_output_dir(args.output_dir, record, False, args.resume_from_checkpoint)
     problems += output_problems
     if args.resume_from_checkpoint:

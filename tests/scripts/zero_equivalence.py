@@ -1,0 +1,141 @@
+"""The same GRPO batches under DDP, ZeRO-2 and ZeRO-3 on two CPU processes, for tests/test_zero_training.py.
+
+Usage: zero_equivalence.py OUT_DIR MODEL_DIR ENGINE
+
+ENGINE `ddp` runs under torch.distributed.run (gloo); `zero2` / `zero3` under
+`accelerate launch --config_file accelerate_configs/cpu_zero{2,3}.yaml`, which makes TrainingArguments build
+DeepSpeed's engine as the GPU layouts do. For the default objective with beta 0.04 (a reference model: TRL loads it
+from MODEL_DIR and, under ZeRO-3, shards it through `prepare_deepspeed`) and Dr.GRPO with beta 0, one trainer each
+runs one optimizer step; the completions are fixed (a function of the prompt's tokens, the row and the rank) so
+every engine scores the same batches. On the step's batch, before the step, `_compute_loss` and the engine's own
+backward run with `padding_free` off and on, and each rank records its loss, the reference log-probs of the batch
+and every full gradient (`deepspeed.utils.safe_get_full_grad` under ZeRO: the averaged gradient DeepSpeed reduced
+into its partitions; each flag's own gradient, see ACCUMULATES). With beta > 0 the policy starts perturbed from the
+reference (MODEL_DIR/../policy: MODEL_DIR's weights perturbed), so the KL term counts.
+Writes OUT_DIR/ENGINE_rank{rank}.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "scripts"))
+
+# run -> (TRL loss_type, None: the project's default objective; beta)
+# Dr.GRPO first: a process's first GRPOTrainer with beta > 0 under an accelerate DeepSpeed config fails in TRL's
+# `prepare_deepspeed` of the reference model (DeepSpeed: train_batch_size 8 != 8 * 1 * 2; docs/gpu.md).
+RUNS = {"dr_grpo_b0": ("dr_grpo", 0.0), "default_b04": (None, 0.04)}
+
+# Two backwards without an optimizer step in between (the flag off, then on): DDP's `.grad` and ZeRO-3's gradient
+# partitions add the second to the first (the engine's zero_grad does not clear ZeRO-3's partitions before its
+# step); ZeRO-2 at a gradient-accumulation boundary keeps only the last. Each flag's own gradient is recorded.
+ACCUMULATES = {"ddp": True, "zero2": False, "zero3": True}
+
+
+def fixed_completions(prompt_ids: list[list[int]], rank: int, vocab: int, eos: int) -> list[list[int]]:
+    """Deterministic completions of ragged lengths (1 to 8 tokens, some ending in eos) for a generation batch."""
+    out = []
+    for row, ids in enumerate(prompt_ids):
+        n = 1 + (sum(ids) + 3 * row + rank) % 8
+        toks = [7 + (sum(ids) * 31 + 17 * row + 5 * k + rank) % (vocab - 7) for k in range(n)]
+        if (row + rank) % 3 == 0:
+            toks[-1] = eos
+        out.append(toks)
+    return out
+
+
+def main() -> None:
+    out_dir, model_dir, engine = sys.argv[1], sys.argv[2], sys.argv[3]
+    torch.set_num_threads(1)
+    if engine != "ddp":
+        from helpers import no_shm_comm
+
+        no_shm_comm()
+    from test_trainer_helpers import make_trainer
+    from transformers import AutoModelForCausalLM
+
+    from trl_ext import AblationGRPOTrainer
+    from trl_ext.tiny import build_char_tokenizer
+
+    rank = int(os.environ["RANK"])
+    tokenizer = build_char_tokenizer()
+
+    class Recording(AblationGRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            return fixed_completions(prompt_ids, rank, len(tokenizer), tokenizer.eos_token_id), None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if not self.record:
+                self.record.update(self._measure(model, inputs))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        def _measure(self, model, inputs) -> dict:
+            out = {"wrapped": type(model).__name__}
+            ref = inputs.get("ref_per_token_logps")
+            out["ref_logps"] = None if ref is None else (ref * inputs["completion_mask"]).tolist()
+            out["advantages"] = inputs["advantages"].tolist()
+            model.train()
+            model.zero_grad()
+            before = None
+            for flag in (False, True):
+                self.args.padding_free = flag
+                self.current_gradient_accumulation_steps = 1
+                loss = self._compute_loss(model, inputs)
+                if engine == "ddp":
+                    loss.backward()
+                    grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters()}
+                else:
+                    from deepspeed.utils import safe_get_full_grad
+
+                    model.backward(loss)  # the engine's own backward: reduces into its partitions, no step
+                    grads = {n: safe_get_full_grad(p).detach().clone() for n, p in self.model.named_parameters()}
+                own = (
+                    grads
+                    if before is None or not ACCUMULATES[engine]
+                    else {n: g - before[n] for n, g in grads.items()}
+                )
+                before = grads
+                kl = self._metrics["train"]["kl"][-1] if self.beta else None  # mean over both ranks
+                out[f"padding_free={flag}"] = {
+                    "loss": loss.item(),
+                    "kl": kl,
+                    "grads": {n: g.flatten().tolist() for n, g in own.items()},
+                }
+            model.zero_grad()
+            self.args.padding_free = False
+            return out
+
+    results = {}
+    for name, (loss_type, beta) in RUNS.items():
+        # With beta > 0 the policy starts from MODEL_DIR/../policy (MODEL_DIR's weights perturbed) and TRL loads the
+        # reference from MODEL_DIR (the policy config's name), so the KL term and its gradient are not zero.
+        model = AutoModelForCausalLM.from_pretrained(Path(model_dir).parent / "policy" if beta else model_dir)
+        model.config._name_or_path = model_dir
+        kwargs = dict(
+            trainer_cls=Recording, model=model, max_steps=1, beta=beta,
+            use_cpu=engine == "ddp", ddp_backend="gloo", learning_rate=1e-2,
+        )  # fmt: skip
+        if loss_type is not None:
+            kwargs.update(loss_type=loss_type, scale_rewards="none")
+        trainer = make_trainer(tokenizer, os.path.join(out_dir, f"{engine}_{name}"), **kwargs)
+        trainer.record = {}
+        trainer.train()
+        trainer.record["engine"] = type(trainer.model_wrapped).__name__
+        trainer.record["ref_engine"] = None if trainer.ref_model is None else type(trainer.ref_model).__name__
+        trainer.record["ref_zero3"] = bool(trainer.ref_model is not None and hasattr(
+            next(trainer.ref_model.parameters()), "ds_tensor"))  # fmt: skip
+        results[name] = trainer.record
+        del trainer
+    with open(os.path.join(out_dir, f"{engine}_rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
