@@ -4,7 +4,7 @@ import is no way around an import loop: issue #23's preflight imported the recip
 #28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
 Top to bottom: `cli` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`, `evaluation` ->
-`preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`."""
+`preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`, `host`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets"),
+    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "host"),
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),

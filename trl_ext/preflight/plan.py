@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.preflight.async_plan import available_host_bytes, check_async, plan_async
+from trl_ext.host import available_memory_bytes
+from trl_ext.preflight.async_plan import check_async, plan_async
 from trl_ext.preflight.batch import BatchLayout, check_batches, micro_batch_choices, suggest_batch_fixes
 from trl_ext.preflight.context import RunContext
 from trl_ext.preflight.disk import DiskPlan, plan_disk, saves_during_run
@@ -148,7 +149,7 @@ def check_recipe(
         queued = plan_async(args, layout, PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS))
         if queued is not None:  # async rollouts: the staleness and the batch waiting in host memory
             report.lines += queued.render(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max)
-            report.problems += check_async(queued, available_host_bytes())
+            report.problems += check_async(queued, available_memory_bytes())
         _memory_and_disk(report, task, script_args, args, model_args, layout, values)
     _semantics(report, script_args, args, model_args)
     _group_port(report, args)
