@@ -71,7 +71,8 @@ class AccelerateSetup:
 
 
 def read_accelerate_config(path: str | Path) -> AccelerateSetup:
-    """Reads the placement fields of an accelerate config YAML, with errors that name the file and field.
+    """Reads the placement fields of an accelerate config YAML through accelerate's own loader, with errors that
+    name the file and field.
 
     Args:
         path: an accelerate config file (as written by `accelerate config` or in `accelerate_configs/`).
@@ -80,45 +81,39 @@ def read_accelerate_config(path: str | Path) -> AccelerateSetup:
         The parsed `AccelerateSetup`.
 
     Raises:
-        LaunchError: the file is missing, is not YAML mapping, or has a bad `distributed_type`, `num_processes`,
-            `num_machines` or `gpu_ids`.
+        LaunchError: the file is missing, accelerate's loader refuses it, or it has a bad `num_processes`,
+            `num_machines`, `gpu_ids`, `zero_stage`, `main_process_port` or `machine_rank`.
     """
     path = Path(path)
-    data = _read_yaml_mapping(path, "accelerate config")
-    if "distributed_type" not in data:
-        raise LaunchError(f"accelerate config {path}: missing `distributed_type` (e.g. 'NO', MULTI_GPU, DEEPSPEED)")
-    distributed_type = data["distributed_type"]
-    # Unquoted `NO` is YAML 1.1 for False; accelerate itself writes 'NO' quoted.
-    distributed_type = "NO" if distributed_type is False else str(distributed_type).upper()
-    if "num_processes" in data:
-        num_processes = _as_int(data["num_processes"], f"accelerate config {path}: `num_processes`", minimum=1)
+    cluster = _load_accelerate_config(path)
+    where = f"accelerate config {path}"
+    distributed_type = getattr(cluster.distributed_type, "value", str(cluster.distributed_type)).upper()
+    if cluster.num_processes is not None and cluster.num_processes != -1:  # accelerate's -1: not in the file
+        num_processes = _as_int(cluster.num_processes, f"{where}: `num_processes`", minimum=1)
     elif distributed_type == "NO":
         num_processes = 1
     else:
-        raise LaunchError(
-            f"accelerate config {path}: `num_processes` is required with distributed_type {distributed_type}"
-        )
-    num_machines = _as_int(data.get("num_machines", 1), f"accelerate config {path}: `num_machines`", minimum=1)
-    use_cpu = bool(data.get("use_cpu", False))
-    raw_ids = data.get("gpu_ids")
+        raise LaunchError(f"{where}: `num_processes` is required with distributed_type {distributed_type}")
+    num_machines = _as_int(cluster.num_machines or 1, f"{where}: `num_machines`", minimum=1)
+    raw_ids = cluster.gpu_ids
     gpu_ids: tuple[str, ...] | None = None
     if raw_ids is not None and str(raw_ids).strip().lower() != "all":
         gpu_ids = tuple(part.strip() for part in str(raw_ids).split(","))
         if not all(gpu_ids):
-            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
+            raise LaunchError(f"{where}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
         if len(set(gpu_ids)) != len(gpu_ids):
-            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} repeats a GPU")
-    deepspeed = data.get("deepspeed_config") or {}
+            raise LaunchError(f"{where}: `gpu_ids` {raw_ids!r} repeats a GPU")
     zero_stage = 0
     if distributed_type == "DEEPSPEED":
-        zero_stage = _as_int(deepspeed.get("zero_stage", 0), f"accelerate config {path}: `zero_stage`", minimum=0)
-    port = data.get("main_process_port")
-    main_port = None if port is None else _as_int(port, f"accelerate config {path}: `main_process_port`", minimum=1)
-    machine_rank = _as_int(data.get("machine_rank", 0) or 0, f"accelerate config {path}: `machine_rank`", minimum=0)
-    if machine_rank >= num_machines:
-        raise LaunchError(
-            f"accelerate config {path}: `machine_rank` {machine_rank} is not below `num_machines` {num_machines}"
+        zero_stage = _as_int(
+            (cluster.deepspeed_config or {}).get("zero_stage", 0), f"{where}: `zero_stage`", minimum=0
         )
+    port = cluster.main_process_port
+    main_port = None if port is None else _as_int(port, f"{where}: `main_process_port`", minimum=1)
+    machine_rank = _as_int(cluster.machine_rank or 0, f"{where}: `machine_rank`", minimum=0)
+    if machine_rank >= num_machines:
+        raise LaunchError(f"{where}: `machine_rank` {machine_rank} is not below `num_machines` {num_machines}")
+    use_cpu = bool(cluster.use_cpu)
     return AccelerateSetup(
         path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu, zero_stage, main_port, machine_rank
     )
@@ -133,20 +128,17 @@ def load_recipe_yaml(path: str | Path) -> dict:
         raise LaunchError(f"recipe config: {exc}") from exc
 
 
-def _read_yaml_mapping(path: Path, what: str) -> dict:
-    import yaml
+def _load_accelerate_config(path: Path):
+    """The file through accelerate's own loader (what `accelerate launch --config_file` reads, defaults filled in and
+    unknown keys refused), with errors that name the file."""
+    from accelerate.commands.config.config_args import ClusterConfig
 
     if not path.is_file():
-        raise LaunchError(f"{what} {path} not found")
+        raise LaunchError(f"accelerate config {path} not found")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        raise LaunchError(f"{what} {path} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise LaunchError(f"{what} {path} must be a YAML mapping of field: value, got {type(data).__name__}")
-    return data
+        return ClusterConfig.from_yaml_file(yaml_file=str(path))
+    except Exception as exc:  # noqa: BLE001 - accelerate raises ValueError, TypeError, yaml's errors, ...
+        raise LaunchError(f"accelerate config {path}: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)
