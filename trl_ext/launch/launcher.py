@@ -72,7 +72,7 @@ def plan_launch(
         recipe: the recipe script, e.g. `recipes/countdown.py`.
         config: the recipe YAML (`--config`), or None.
         extra_args: recipe args after the YAML; serving fields among them override the YAML.
-        num_gpus: GPU count of this machine (ids `0..n-1`); default `CUDA_VISIBLE_DEVICES`, then `nvidia-smi -L`.
+        num_gpus: GPU count of this machine (ids `0..n-1`); default `CUDA_VISIBLE_DEVICES`, then `nvidia-smi`.
         num_processes: training processes instead of the config's `num_processes` (passed to accelerate).
         machine_rank: this machine's rank instead of the config's `machine_rank` (passed to accelerate).
         vllm_tp: server tensor-parallel size; vllm_dp: server data-parallel size (see `server_parallelism`).
