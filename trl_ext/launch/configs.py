@@ -5,15 +5,13 @@ from __future__ import annotations
 import socket
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_ext.preflight.plan import TRL_SERVER_PORT as TRL_DEFAULT_PORT
+from trl_ext.preflight.trl_defaults import trl_default
 from trl_ext.recipes.stated import cli_overrides
 from trl_ext.recipes.yaml_chain import load_recipe_yaml as recipes_load_yaml
 
-# TRL 1.16 GRPOConfig defaults for the server the trainer connects to (the port: the preflight's, one constant).
-TRL_DEFAULT_HOST = "0.0.0.0"
 # Addresses that mean "this machine": only then does the launcher start the server itself.
 _LOCAL_HOSTS = {"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"}
 # Recipe fields the launcher reads; extra recipe args (`--vllm_server_port 8001`) override the YAML like TrlParser.
@@ -148,8 +146,8 @@ class RecipeServing:
     use_vllm: bool = False
     vllm_mode: str = "colocate"
     model: str | None = None
-    host: str = TRL_DEFAULT_HOST
-    port: int = TRL_DEFAULT_PORT
+    host: str = field(default_factory=lambda: trl_default("vllm_server_host"))
+    port: int = field(default_factory=lambda: trl_default("vllm_server_port"))
     output_dir: str | None = None
     base_url: str | None = None
     gpu_memory_utilization: float | None = None  # the recipe's vLLM share, passed to the server it starts
@@ -189,8 +187,9 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     vllm_mode = str(values.get("vllm_mode", "colocate"))
     if vllm_mode not in ("server", "colocate"):
         raise LaunchError(f"{source}: `vllm_mode` must be 'server' or 'colocate', got {vllm_mode!r}")
-    host = str(values.get("vllm_server_host", TRL_DEFAULT_HOST))
-    port = _as_int(values.get("vllm_server_port", TRL_DEFAULT_PORT), f"{source}: `vllm_server_port`", minimum=1)
+    host = str(values["vllm_server_host"] if "vllm_server_host" in values else trl_default("vllm_server_host"))
+    port = values["vllm_server_port"] if "vllm_server_port" in values else trl_default("vllm_server_port")
+    port = _as_int(port, f"{source}: `vllm_server_port`", minimum=1)
     base_url = values.get("vllm_server_base_url")
     if base_url:
         # TRL ignores host and port when a base URL is given; so do we.

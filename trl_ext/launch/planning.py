@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.launch.configs import TRL_DEFAULT_PORT, AccelerateSetup, LaunchError, RecipeServing
+from trl_ext.launch.configs import AccelerateSetup, LaunchError, RecipeServing
 from trl_ext.launch.tensor_parallel import (
     choose_tensor_parallel,
     padded_vocab,
@@ -31,7 +31,7 @@ from trl_ext.launch.tensor_parallel import (
 from trl_ext.preflight.context import PCI_BUS_ID, nvidia_smi_gpus
 from trl_ext.preflight.environment import choose_port, installed_vllm, is_cpu_build, pick_free_port
 from trl_ext.preflight.models import ModelShape
-from trl_ext.preflight.plan import TRL_GROUP_PORT
+from trl_ext.preflight.trl_defaults import trl_default
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
 HEALTH_PATH = "/health"
@@ -308,14 +308,15 @@ def serving_ports(serving: RecipeServing, pick: bool = True) -> tuple[int, list[
     if not pick:
         return serving.port, []
     given = serving.port if serving.port_stated else None
-    server, problems = choose_port("vllm_server_port", given, TRL_DEFAULT_PORT)
+    server, problems = choose_port("vllm_server_port", given, trl_default("vllm_server_port"))
     if server is None:
         raise LaunchError("; ".join(p.render() for p in problems))
     flags = server.flag().split() if server.picked else []
     if serving.group_port is None:
-        group = pick_free_port(TRL_GROUP_PORT, avoid={server.port})
+        first = trl_default("vllm_group_port")
+        group = pick_free_port(first, avoid={server.port})
         if group is None:
-            raise LaunchError(f"no free port from {TRL_GROUP_PORT} for vllm_group_port; set it in the recipe")
+            raise LaunchError(f"no free port from {first} for vllm_group_port; set it in the recipe")
         flags += ["--vllm_group_port", str(group)]
     return server.port, flags
 

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trl_ext.host import log_tail
-from trl_ext.launch.configs import TRL_DEFAULT_PORT, LaunchError
+from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command, LaunchPlan
 from trl_ext.preflight.environment import port_is_free
+from trl_ext.preflight.trl_defaults import trl_default
 
 
 class _Interrupted(BaseException):
@@ -253,7 +254,7 @@ def run_launch(
             code and last log lines in the message; everything is stopped first).
     """
     if plan.server is not None:
-        check_port_free(plan.host or "", plan.port or TRL_DEFAULT_PORT)
+        check_port_free(plan.host or "", plan.port or trl_default("vllm_server_port"))
     server = None
     if plan.server is not None:
         server = ServerProcess(plan.server, plan.server_log, plan.health_url, grace=grace)

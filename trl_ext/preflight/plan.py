@@ -44,10 +44,7 @@ from trl_ext.preflight.setup import (
     training_setup,
     two_byte_dtype,
 )
-
-# TRL 1.16 GRPOConfig defaults: `vllm_group_port` and `vllm_server_port` (`trl_ext.launch` reads the latter too).
-TRL_GROUP_PORT = 51216
-TRL_SERVER_PORT = 8000
+from trl_ext.preflight.trl_defaults import trl_default
 
 
 @dataclass
@@ -323,7 +320,7 @@ def _group_port(report: Preflight, args) -> None:
     launcher picks free ports before this check; the server's own port is the launcher's to check."""
     if not (args.use_vllm and args.vllm_mode == "server"):
         return
-    free, problems = choose_port("vllm_group_port", int(args.vllm_group_port), TRL_GROUP_PORT)
+    free, problems = choose_port("vllm_group_port", int(args.vllm_group_port), trl_default("vllm_group_port"))
     report.problems += problems
     state = "free" if free is not None else "in use"
     report.lines.append(
