@@ -1,9 +1,10 @@
 """The machinery of the GPU check kit (benchmarks/gpu_check.py): a registry of parts, each with its expected seconds
 on one H100 (benchmarks/_gpu_plan.py), a runner that keeps the whole run inside a time budget and records each part's
-result, failure or skip in the JSON as soon as the part ends, the wheels' install and the device transfer's budget.
+result, failure or skip in the JSON as soon as the part ends, the wheels' install and the size of what is copied.
 
-A borrowed GPU is often lent for minutes (the device tool: 600 s per command, 64 MiB carried, nothing fetched there),
-so the default run gives its numbers in one command within `BUDGET_S` (480 s), set-up included: before each part the
+A GPU borrowed for a few minutes is enough (a GPU machine without internet: the repository and its wheels, under 64
+MiB, are all it gets), so the default run gives its numbers in one command within `BUDGET_S` (480 s), set-up
+included: before each part the
 runner compares the part's expected seconds with what is left and skips it with a message (run it alone with
 `--part NAME`) when it would not fit; within a part, `run_fits` does the same per trainer run, and a run still going
 at the deadline stops after its current step (gpu_check's step timer). The JSON is written after every part.
@@ -32,8 +33,8 @@ from _gpu_plan import PartPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFER_LIMIT_BYTES = 64 * 2**20
-# Wheels the device image lacks (its package list: /work/.library/device/KINDS.md, 2026-11-17; it has torch,
-# transformers 5.17, accelerate, peft, pyarrow, xxhash, pandas, sympy, typer, ...), pinned to what the CPU suite
+# Wheels a GPU machine with the usual image lacks (one with torch, transformers 5.17, accelerate, peft, pyarrow,
+# xxhash, pandas, sympy, typer, ...), pinned to what the CPU suite
 # runs, with their sizes in bytes from `pip download` (Python 3.12, manylinux x86_64; 2026-11-25).
 WHEELS = {
     "trl==1.16.0": 948_205,
@@ -154,7 +155,7 @@ def run_parts(names: list[str], args, workdir: Path, output: Path, report: dict,
 
 
 def install_wheels(folder: Path) -> dict:
-    """Install every wheel in `folder` (no index, no dependencies: the device fetches nothing) into a fresh folder
+    """Install every wheel in `folder` (no index, no dependencies: the GPU machine fetches nothing) into a fresh folder
     that goes first on `sys.path` and on the children's `PYTHONPATH`; the set-up's first step, timed."""
     start = time.perf_counter()
     wheels = sorted(str(w) for w in Path(folder).glob("*.whl"))
@@ -184,7 +185,7 @@ def tree_bytes(root: Path = ROOT) -> int:
 
 
 def wheel_budget(tree: int, wheels: dict[str, int] = WHEELS) -> dict:
-    """The transfer the device call would make: working tree + wheels, against its 64 MiB."""
+    """What is copied to the GPU machine: working tree + wheels, against 64 MiB."""
     total = tree + sum(wheels.values())
     return {
         "tree_bytes": tree,

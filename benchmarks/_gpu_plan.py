@@ -1,13 +1,12 @@
 """Expected seconds of the GPU kit's parts on one H100: estimates, not measurements.
 
-No GPU was available to the session that wrote them, so each is derived from the model's size, the tokens a step
-processes and the steps a run takes, at these stated assumptions (the kit records the measured seconds beside them,
-so a run on the device corrects them):
+Not yet run on a GPU: each is derived from the model's size, the tokens a step processes and the steps a run takes,
+at these stated assumptions (the kit records the measured seconds beside them, so a run on a GPU corrects them):
 
-- compute: `TRAIN_TFLOPS` = 150 TFLOP/s of useful bf16 work in a GRPO training step (forward, backward,
-  recompute). That is 19% of the 798 TFLOP/s an 8192^3 bf16 matmul reached on this workplace's H100
-  (/work/.library/device/KINDS.md): the kit's micro-batches are 0.8k-19k tokens through 28 layers of 1.5k-2k wide
-  matmuls, between which small elementwise kernels (norms, rotary, casts) run at launch speed.
+- compute: `TRAIN_TFLOPS` = 150 TFLOP/s of useful bf16 work in a GRPO training step (forward, backward, recompute).
+  That is 19% of the 798 TFLOP/s an 8192^3 bf16 matmul reaches on an H100: the kit's micro-batches are 0.8k-19k tokens
+  through 28 layers of 1.5k-2k wide matmuls, between which small elementwise kernels (norms, rotary, casts) run at
+  launch speed.
 - memory traffic the matmul count misses, at `MEMORY_TBPS` = 2.5 TB/s (the same H100 copied at 3.0): with fp32
   master weights each micro-batch casts the weights to bf16 twice (forward and the checkpointed recompute: 4 bytes
   read, 2 written per parameter each) and adds its gradient into the fp32 one (2 + 4 read, 4 written): 22 bytes per
@@ -119,7 +118,7 @@ def plan_lines(plans: dict[str, PartPlan], budget_s: float | None) -> list[str]:
     """The printed plan: the set-up, each part with its runs' derivation, the total against `budget_s` (None: a
     listing of parts, not one run)."""
     lines = [
-        "Expected seconds on one H100: ESTIMATES, not measurements (no GPU was available when they were written).",
+        "Expected seconds on one H100: ESTIMATES, not measurements (not yet run on a GPU).",
         f"Assumed: {TRAIN_TFLOPS:.0f} TFLOP/s of useful bf16 training work, {MEMORY_TBPS} TB/s for the memory traffic "
         f"the matmuls miss, {RUN_OVERHEAD_S:.0f} s per trainer run;",
         "each part's seconds follow from its model size, tokens per step and steps (benchmarks/_gpu_plan.py).",

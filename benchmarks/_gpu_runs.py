@@ -197,7 +197,7 @@ def train_timed(kind: str, config, make_model, dataset, rollouts, deadline: floa
     )
     timer = _step_timer(model, rollouts, deadline)
     trainer.add_callback(timer)
-    trainer.remove_callback(PrinterCallback)  # every step's log dict would crowd the device's output tail
+    trainer.remove_callback(PrinterCallback)  # every step's log dict would crowd the run's output
     trainer.train()
     first = next((e for e in trainer.state.log_history if "loss" in e), {})
     result = {

@@ -445,7 +445,7 @@ def main() -> None:
         "step_time_ratio_basis": "median per-step CPU time of the training process (wall time is also recorded; "
         "on a shared CPU it is dominated by other jobs)",
         "device": "cpu",
-        "gpu": "none in this session (CPU only); the issue's Qwen3-1.7B bf16 run was not possible",
+        "gpu": "none (CPU only); the Qwen3-1.7B bf16 run needs a GPU",
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": args.threads},
         "model": {"vocab_size": runs[0]["vocab_size"], "num_parameters": runs[0]["num_parameters"]},
         "settings": {

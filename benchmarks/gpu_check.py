@@ -1,11 +1,11 @@
 """GPU check kit: our trainer against stock TRL on one H100, its key numbers in one command of at most 8 minutes.
 
-For whoever has a GPU for a few minutes (a session's device tool, /work/.library/device/README.md, or any borrowed
-H100). Everything is built offline and no vLLM is needed. Every timed step trains on fixed completions
-(benchmarks/_fixed_rollouts.py through TRL's `rollout_func`: no generation; each step's record shows one rollout
-call and no `generate` call), so the ours / stock ratios compare the training step. Models are random-init from the
-configs in `trl_ext.preflight.KNOWN_CONFIGS`, built on the GPU. The default run (`--plan` prints it with the expected
-seconds of each part and how they were derived, benchmarks/_gpu_plan.py; `--list` lists every part):
+For a GPU borrowed for a few minutes (one H100). Everything is built offline and no vLLM is needed. Every timed step
+trains on fixed completions (benchmarks/_fixed_rollouts.py through TRL's `rollout_func`: no generation; each step's
+record shows one rollout call and no `generate` call), so the ours / stock ratios compare the training step. Models are
+random-init from the configs in `trl_ext.preflight.KNOWN_CONFIGS`, built on the GPU. The default run (`--plan` prints
+it with the expected seconds of each part and how they were derived, benchmarks/_gpu_plan.py; `--list` lists every
+part):
 
 - `precision_fp32_master`, `precision_pure_bf16`: Qwen3-1.7B's config trains `--steps` GRPO steps of
   recipes/countdown/seed000_drgrpo_l256.yaml (parsed by the recipe parser, `--rollout` completions per step) in that
@@ -27,11 +27,10 @@ seconds of each part and how they were derived, benchmarks/_gpu_plan.py; `--list
 - `bench_trainer` (not a default part): the CPU trainer benchmark in its own process.
 
 The run keeps to `--budget-s` (480 s, from this script's start, the wheels' install included): a part or trainer run
-whose expected seconds no longer fit is skipped with a message, a run still going at the deadline stops after its
-step, and the JSON is written after every part. It goes to `--output`: by default `$OUT/gpu_check.json` when `$OUT` is
-set (a remote runner collects only its output folder), else benchmarks/results/gpu_check.json; an existing file keeps
-the parts of earlier calls (`--fresh` starts over). `--smoke` runs the same code on the CPU with a tiny config
-(tests/test_gpu_check.py); its numbers are not GPU numbers. The one command (docs/gpu.md, "GPU check kit"):
+whose expected seconds no longer fit is skipped with a message, a run still going at the deadline stops after its step,
+and the JSON is written after every part. It goes to `--output` (default benchmarks/results/gpu_check.json); an
+existing file keeps the parts of earlier calls (`--fresh` starts over). `--smoke` runs the same code on the CPU with a
+tiny config (tests/test_gpu_check.py); its numbers are not GPU numbers. The one command (docs/gpu.md, "GPU check kit"):
 
     python3 benchmarks/gpu_check.py --wheelhouse .whl      # .whl: the wheels `--wheels` says to download
 """
@@ -264,7 +263,7 @@ def seed004_run(args, workdir: Path) -> dict:
     }
 
 
-# The CPU trainer benchmark as it stands, timed on the device's CPU cores (not in the default parts).
+# The CPU trainer benchmark as it stands, timed on the GPU machine's CPU cores (not in the default parts).
 script_part("bench_trainer", "benchmarks/bench_trainer.py", results="benchmarks/results/trainer.json", seconds=480)
 
 
@@ -309,11 +308,7 @@ def pairs(parts: dict) -> dict:
     return out
 
 
-def default_output() -> str:
-    """`$OUT/gpu_check.json` when `$OUT` is set (what a remote runner brings back), else the benchmarks' results."""
-    if os.environ.get("OUT"):
-        return str(Path(os.environ["OUT"]) / "gpu_check.json")
-    return str(ROOT / "benchmarks" / "results" / "gpu_check.json")
+DEFAULT_OUTPUT = str(ROOT / "benchmarks" / "results" / "gpu_check.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -329,7 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout", type=int, default=64, help="Completions per rollout and per optimizer step.")
     parser.add_argument("--cap-gib", type=float, default=24.0, help="Memory cap of the seed-004 run.")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="Seconds the whole run may take.")
-    parser.add_argument("--output", default=default_output(), help="The JSON (default: $OUT/gpu_check.json).")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="The JSON (default: %(default)s).")
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.rollout = min(args.steps, 2), 8

@@ -241,7 +241,7 @@ def test_axis_errors_name_the_fields(tmp_path, kwargs, message):
         (dict(epochs_per_rollout_batch=2, num_iterations=3), "implies num_iterations=2, but num_iterations=3"),
         (
             dict(group_size=4, train_batch_size=8, per_device_train_batch_size=2),
-            "implies per_device_train_batch_size=8, but per_device_train_batch_size=2",
+            "per_device_train_batch_size=2 contradicts train_batch_size=8",
         ),
         (
             dict(group_size=4, rollout_batch_size=16, generation_batch_size=32),

@@ -1,10 +1,10 @@
 """benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command (issue #32 item 8).
 
 The default run's plan (`--plan`) totals at most 480 s on one H100, set-up included, with each part's seconds derived
-from model size, tokens and steps (checked here against a hand computation); the JSON goes to `$OUT` when it is set;
+from model size, tokens and steps (checked here against a hand computation);
 a part that would not fit the budget is skipped with a message and the rest is written; every timed step trains on
 fixed completions through TRL's `rollout_func` (one rollout call and no `generate` call per step), and the default run
-writes the fp32-master vs pure-bf16 and padding-free vs stock pairs. Plus what lets it run on the device at all
+writes the fp32-master vs pure-bf16 and padding-free vs stock pairs. Plus what lets it run on a borrowed GPU at all
 (issue #23 item 16): the JSON written after every part, a failing part recorded while the next one runs, another
 benchmark script as a part, a wheel budget under the 64 MiB transfer. The smoke run's numbers are not GPU numbers.
 """
@@ -75,21 +75,16 @@ def test_expected_completion_length_is_the_mean_of_the_draws():
     assert _fixed_rollouts.mean_completion_tokens(at_limit) == 256
 
 
-def test_output_defaults_to_OUT_when_set(tmp_path, monkeypatch):
-    """The old default was benchmarks/results/gpu_check.json inside the repository, which a remote runner that
-    collects only its output folder never brings back."""
+def test_output_goes_to_the_benchmarks_results_by_default(tmp_path, monkeypatch):
     _fake_part(monkeypatch, "fake", 1.0)
-    monkeypatch.setenv("OUT", str(tmp_path))
-    gpu_check.main(["--smoke", "--part", "fake"])
-    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    gpu_check.main(["--smoke", "--part", "fake", "--output", str(tmp_path / "kit.json")])
+    written = json.loads((tmp_path / "kit.json").read_text())
     assert written["parts"]["fake"]["status"] == "ok" and written["parts"]["fake"]["value"] == 1
-    assert gpu_check.parse_args([]).output == str(tmp_path / "gpu_check.json")
-    monkeypatch.delenv("OUT")
     assert gpu_check.parse_args([]).output == str(REPO / "benchmarks" / "results" / "gpu_check.json")
 
 
 def test_a_part_that_would_pass_the_budget_is_skipped_and_the_rest_written(tmp_path, monkeypatch):
-    """The old kit ran every part whatever the time (the device stops a command at 600 s, losing the last part).
+    """The old kit ran every part whatever the time (a command stopped at a time limit lost the last part).
     Now a part expected to take longer than what is left is recorded as skipped with the reason, the others run, and
     a run still training at the deadline stops after its step."""
     out = tmp_path / "kit.json"
@@ -161,8 +156,8 @@ def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_p
 
 
 def test_each_part_is_written_when_it_ends_and_a_failure_does_not_stop_the_next(tmp_path, monkeypatch):
-    """The old kit wrote its JSON only at the end and caught only torch.OutOfMemoryError: a crash (or the device's
-    600 s limit) lost every number. Parts now land in the JSON one by one, a failed part records its error and
+    """The old kit wrote its JSON only at the end and caught only torch.OutOfMemoryError: a crash (or a time
+    limit) lost every number. Parts now land in the JSON one by one, a failed part records its error and
     traceback, and a later call adds its parts to the same file."""
     out = tmp_path / "kit.json"
     seen_on_disk = []
@@ -211,7 +206,7 @@ def test_a_benchmark_script_is_one_line_of_part(tmp_path, monkeypatch):
 
 
 def test_wheel_budget_fits_bitsandbytes_under_the_transfer_limit():
-    """The old list carried pyarrow (55 MB) and xxhash, which the device image has, and left no room for
+    """The old list carried pyarrow (55 MB) and xxhash, which a usual GPU image has, and left no room for
     bitsandbytes (43 MB): tree + wheels went over 64 MiB. Now nothing the image has travels, bitsandbytes does, and
     the whole transfer fits with room to spare."""
     names = {spec.split("==")[0] for spec in _gpu_kit.WHEELS}

@@ -337,7 +337,8 @@ def test_bad_input_errors_name_the_file_and_field(rig):
         plan_launch(two, rig.recipe, rig.config, num_gpus=2)
     with pytest.raises(LaunchError, match=r"`gpu_ids` 1 names GPU\(s\) \['1'\] that are not available"):
         plan_launch(CONFIGS / "vllm_server_gpu0_train_gpu1.yaml", rig.recipe, rig.config, num_gpus=1)
-    with pytest.raises(LaunchError, match=r"missing `distributed_type`"):
+    # accelerate's own loader refuses it, named with the file
+    with pytest.raises(LaunchError, match=r"bad_accel.yaml: .*`distributed_type` must be specified"):
         bad = rig.dir / "bad_accel.yaml"
         bad.write_text("num_processes: 2\n")
         plan_launch(bad, rig.recipe, rig.config, num_gpus=2)

@@ -3,8 +3,9 @@ module imports only from layers below its own, at the top of the file or inside 
 import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
 #28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
-Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`, `evaluation` ->
-`preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`."""
+Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`,
+`evaluation` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`,
+`host`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets"),
+    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "host"),
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),

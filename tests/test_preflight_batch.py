@@ -10,7 +10,7 @@ import pytest
 
 from trl_ext.launch.table import grpo_recipes
 from trl_ext.preflight import PreflightError, check_batches, derive_gradient_accumulation, plan_batches
-from trl_ext.preflight.batch import TRL_BATCH_DEFAULTS, suggest_batch_fixes
+from trl_ext.preflight.batch import TRL_BATCH_FIELDS, suggest_batch_fixes
 from trl_ext.recipes import cli_overrides, stated_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,13 +18,18 @@ RECIPES = REPO / "recipes"
 SEEDS = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "per_device_train_batch_size": 2}
 
 
-def test_trl_defaults_the_pure_module_assumes_are_trls():
-    """Bug caught: TRL changing a default (e.g. per_device_train_batch_size 8 -> 4) while batch.py still assumes it."""
-    from trl_ext.grpo.config import AblationGRPOConfig
+def test_absent_fields_take_trls_own_defaults():
+    """Bug caught: TRL changing a default (e.g. per_device_train_batch_size 8 -> 4) while batch.py still assumed it.
+    The defaults are now read from TRL; an empty recipe lays out as a default `trl.GRPOConfig` does."""
+    from trl import GRPOConfig
 
-    defaults = {f.name: f.default for f in dataclasses.fields(AblationGRPOConfig)}
-    for key, value in TRL_BATCH_DEFAULTS.items():
-        assert defaults[key] == value, key
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    layout, _ = check_batches({}, 1)
+    assert layout.per_device_train_batch_size == defaults["per_device_train_batch_size"]
+    assert layout.gradient_accumulation_steps == defaults["gradient_accumulation_steps"]
+    assert layout.group_size == defaults["num_generations"] and layout.num_iterations == defaults["num_iterations"]
+    assert layout.max_steps == defaults["max_steps"] and layout.per_device_eval_batch_size == 0  # eval_strategy "no"
+    assert TRL_BATCH_FIELDS == tuple(name for name in TRL_BATCH_FIELDS if name in defaults)
 
 
 @pytest.mark.parametrize("recipe", grpo_recipes())
@@ -96,7 +101,7 @@ def test_a_fixed_ga_gets_a_flag_fix_for_the_world_size():
     """The old recipes stated GA 128: on 4 processes 256 % (128 x 4) != 0. The fix is a pair of flags that works."""
     old = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "gradient_accumulation_steps": 128}
     assert plan_batches(old, 2).per_device_train_batch_size == 1  # 2 processes still divide
-    with pytest.raises(PreflightError, match=r"train_batch_size: 256 must be divisible by .* 128 x 4 = 512"):
+    with pytest.raises(PreflightError, match=r"train_batch_size: 256 must be .*=128 x 4 process\(es\) = 512"):
         plan_batches(old, 4)
     fixes = [f for f in suggest_batch_fixes(old, 4) if f.startswith("--")]
     assert fixes[0] == "--per_device_train_batch_size 2 --gradient_accumulation_steps 32"

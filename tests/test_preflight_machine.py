@@ -23,7 +23,7 @@ from trl_ext.preflight.environment import check_packages
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
-# The header of plain `nvidia-smi` on a driver 570 machine (CUDA 12.8) and on the device kit's H100 (580, CUDA 13.0).
+# The header of plain `nvidia-smi` on a driver 570 machine (CUDA 12.8) and on an H100 with driver 580 (CUDA 13.0).
 SMI_570 = """Tue Nov 25 10:00:00 2026
 +-----------------------------------------------------------------------------------------+
 | NVIDIA-SMI 570.86.15              Driver Version: 570.86.15      CUDA Version: 12.8     |

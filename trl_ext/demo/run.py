@@ -155,8 +155,6 @@ def main(argv: list[str] | None = None) -> dict:
     import datasets
     import torch
 
-    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
-
     datasets.disable_progress_bars()
     torch.set_num_threads(cfg.threads or min(os.cpu_count() or 1, 4))
     random.seed(cfg.seed)
@@ -164,23 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[demo] Countdown: GRPO vs SFT-only control on CPU, seed {cfg.seed}, {torch.get_num_threads()} threads "
           f"-> {out}", flush=True)  # fmt: skip
 
-    train, held_out = make_splits(cfg)
-    overlap = {problem_key(p) for p in train} & {problem_key(p) for p in held_out}
-    if overlap:  # the generator honours `exclude`; this guards the claim the numbers rest on
-        raise RuntimeError(f"{len(overlap)} held-out problems also appear in training")
-    labelled, unlabelled = split_labelled(train, cfg.num_labelled)
-    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
-    model = build_tiny_qwen3(
-        tokenizer,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=64,
-        seed=cfg.seed,
-    )
-    num_params = sum(p.numel() for p in model.parameters())
+    labelled, unlabelled, held_out, overlap = _data(cfg)
+    tokenizer, model, num_params = _model(cfg)
     print(
         f"[demo] {num_params:,} parameters; {len(labelled)} labelled and {len(unlabelled)} unlabelled training "
         f"problems, {len(held_out)} held-out",
@@ -189,25 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
     t = mark("build", t)
 
     wandb_run = _start_wandb(cfg, out)
-    report_to = "wandb" if wandb_run is not None else "none"
     t = mark("wandb_start", t)
 
     initial = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
-    curve: list[dict] = []
-    warm_start: dict = {}
-    start_dir = out / "sft_model"
-    if cfg.init_model:
-        model, start_dir = _load(cfg.init_model), Path(cfg.init_model)
-        print(f"[demo] loaded {cfg.init_model}; no SFT", flush=True)
-    elif cfg.sft_steps:
-        points, clock = run_sft(
-            cfg, "sft", model, tokenizer, labelled, held_out, out / "sft", cfg.sft_steps, cfg.sft_learning_rate,
-            report_to, wandb_run,
-        )  # fmt: skip
-        curve += points
-        warm_start = {"clock": clock}
-        model.save_pretrained(start_dir)
-        tokenizer.save_pretrained(start_dir)
+    model, start_dir, curve, warm_start = _warm_start(cfg, model, tokenizer, labelled, held_out, out, wandb_run)
     t = mark("sft", t)
 
     start = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
@@ -238,39 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
         "phases": phases,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    if "grpo" in arms:
-        metrics["grpo_vs_start"] = compare(arms["start"]["heldout"], arms["grpo"]["heldout"])
-    if "grpo" in arms and "control" in arms:
-        metrics["grpo_vs_control"] = compare(arms["control"]["heldout"], arms["grpo"]["heldout"])
-        metrics["cpu_ratio_grpo_to_control"] = round(
-            arms["grpo"]["clock"]["train_cpu_s"] / max(arms["control"]["clock"]["train_cpu_s"], 1e-9), 3
-        )
-    if "ei" in arms:
-        metrics["ei_vs_start"] = compare(arms["start"]["heldout"], arms["ei"]["heldout"])
-        for other in ("grpo", "control"):
-            if other in arms:
-                metrics[f"ei_vs_{other}"] = compare(arms[other]["heldout"], arms["ei"]["heldout"])
-                metrics[f"cpu_ratio_ei_to_{other}"] = round(
-                    arms["ei"]["clock"]["train_cpu_s"] / max(arms[other]["clock"]["train_cpu_s"], 1e-9), 3
-                )
+    metrics.update(_comparisons(arms))
     plot_curve(metrics, out / "curve.png")
     if "ei" in arms:
         plot_arms(metrics, out / "arms.png")
     if wandb_run is not None:
-        for arm, entry in arms.items():
-            floats = {f"{arm}/{k}": v for k, v in entry.get("heldout", {}).items() if isinstance(v, float)}
-            wandb_run.summary.update(floats)
-        metrics["wandb_dir"] = str(Path(wandb_run.dir).parent)
-        wandb_run.finish()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the control process (and wandb's), once finished
-    metrics["total"] = {
-        "wall_s": round(time.perf_counter() - started, 2),
-        "cpu_s": round(cpu_seconds() - cpu_started, 2),
-        # From process start: the interpreter and the imports before `main` count toward the time goal too.
-        "process_wall_s": round(time.time() - _process_start_time(), 2),
-        "process_cpu_s": round(cpu_seconds(), 2),
-        "children_cpu_s": round(children.ru_utime + children.ru_stime, 2),
-    }
+        _finish_wandb(wandb_run, arms, metrics)
+    metrics["total"] = _total(started, cpu_started)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
     for line in _summary_lines(metrics):
@@ -283,6 +225,95 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"[demo] the real experiment (2 GPUs, vLLM on GPU 0, training on GPU 1):\n  {GPU_COMMAND}", flush=True)
     return metrics
+
+
+def _warm_start(cfg, model, tokenizer, labelled, held_out, out: Path, wandb_run):
+    """The start of both arms: the model of `--init_model`, else SFT on the labelled problems (saved to
+    `out/sft_model`), else the random init. Returns (model, its folder, curve points, the SFT clock)."""
+    start_dir = out / "sft_model"
+    if cfg.init_model:
+        print(f"[demo] loaded {cfg.init_model}; no SFT", flush=True)
+        return _load(cfg.init_model), Path(cfg.init_model), [], {}
+    if not cfg.sft_steps:
+        return model, start_dir, [], {}
+    report_to = "wandb" if wandb_run is not None else "none"
+    points, clock = run_sft(
+        cfg, "sft", model, tokenizer, labelled, held_out, out / "sft", cfg.sft_steps, cfg.sft_learning_rate,
+        report_to, wandb_run,
+    )  # fmt: skip
+    model.save_pretrained(start_dir)
+    tokenizer.save_pretrained(start_dir)
+    return model, start_dir, points, {"clock": clock}
+
+
+def _data(cfg) -> tuple[list, list, list, set]:
+    """(labelled, unlabelled, held-out problems, their overlap with training: empty, else an error)."""
+    train, held_out = make_splits(cfg)
+    overlap = {problem_key(p) for p in train} & {problem_key(p) for p in held_out}
+    if overlap:  # the generator honours `exclude`; this guards the claim the numbers rest on
+        raise RuntimeError(f"{len(overlap)} held-out problems also appear in training")
+    labelled, unlabelled = split_labelled(train, cfg.num_labelled)
+    return labelled, unlabelled, held_out, overlap
+
+
+def _model(cfg):
+    """The character tokenizer, the tiny Qwen3 built from `cfg` (seeded), and its parameter count."""
+    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
+    model = build_tiny_qwen3(
+        tokenizer,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=64,
+        seed=cfg.seed,
+    )
+    return tokenizer, model, sum(p.numel() for p in model.parameters())
+
+
+def _comparisons(arms: dict) -> dict:
+    """Each arm against the start and against the arms it competes with (held-out accuracy, CPU time ratio)."""
+    out = {}
+    if "grpo" in arms:
+        out["grpo_vs_start"] = compare(arms["start"]["heldout"], arms["grpo"]["heldout"])
+    if "grpo" in arms and "control" in arms:
+        out["grpo_vs_control"] = compare(arms["control"]["heldout"], arms["grpo"]["heldout"])
+        out["cpu_ratio_grpo_to_control"] = round(
+            arms["grpo"]["clock"]["train_cpu_s"] / max(arms["control"]["clock"]["train_cpu_s"], 1e-9), 3
+        )
+    if "ei" in arms:
+        out["ei_vs_start"] = compare(arms["start"]["heldout"], arms["ei"]["heldout"])
+        for other in ("grpo", "control"):
+            if other in arms:
+                out[f"ei_vs_{other}"] = compare(arms[other]["heldout"], arms["ei"]["heldout"])
+                out[f"cpu_ratio_ei_to_{other}"] = round(
+                    arms["ei"]["clock"]["train_cpu_s"] / max(arms[other]["clock"]["train_cpu_s"], 1e-9), 3
+                )
+    return out
+
+
+def _finish_wandb(wandb_run, arms: dict, metrics: dict) -> None:
+    for arm, entry in arms.items():
+        floats = {f"{arm}/{k}": v for k, v in entry.get("heldout", {}).items() if isinstance(v, float)}
+        wandb_run.summary.update(floats)
+    metrics["wandb_dir"] = str(Path(wandb_run.dir).parent)
+    wandb_run.finish()
+
+
+def _total(started: float, cpu_started: float) -> dict:
+    """Wall and CPU seconds of `main`, of the whole process, and of its finished child processes."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the control process (and wandb's), once finished
+    return {
+        "wall_s": round(time.perf_counter() - started, 2),
+        "cpu_s": round(cpu_seconds() - cpu_started, 2),
+        # From process start: the interpreter and the imports before `main` count toward the time goal too.
+        "process_wall_s": round(time.time() - _process_start_time(), 2),
+        "process_cpu_s": round(cpu_seconds(), 2),
+        "children_cpu_s": round(children.ru_utime + children.ru_stime, 2),
+    }
 
 
 def _process_start_time() -> float:

@@ -23,9 +23,11 @@ as HF reads it of `max_steps`), checkpoints every `save_steps` EI steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from trl import GRPOConfig
+
+from trl_ext.preflight.trl_defaults import trl_default
 
 # GRPO loss settings EI does not use; each must keep TRL's default (which is what "not used" means for TRL too).
 GRPO_ONLY_FIELDS = (
@@ -46,13 +48,6 @@ GRPO_ONLY_FIELDS = (
 # EI's SFT takes a number of steps that depends on the kept completions, so only schedules that need no total work.
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 STEP_STRATEGIES = ("no", "steps")
-
-
-def _trl_default(name: str):
-    for f in fields(GRPOConfig):
-        if f.name == name:
-            return f.default_factory() if callable(f.default_factory) else f.default
-    raise KeyError(name)
 
 
 def _value(obj):
@@ -122,10 +117,10 @@ class ExpertIterationConfig(GRPOConfig):
                 "ratio; set it to false"
             )
         for name in GRPO_ONLY_FIELDS:
-            if getattr(self, name) != _trl_default(name):
+            if getattr(self, name) != trl_default(name):
                 raise ValueError(
                     f"{name}={getattr(self, name)!r} is a GRPO loss setting; expert iteration trains with SFT on the "
-                    f"kept completions and does not use it (remove it, or leave TRL's default {_trl_default(name)!r})"
+                    f"kept completions and does not use it (remove it, or leave TRL's default {trl_default(name)!r})"
                 )
         if self.max_steps is not None and self.max_steps > 0:
             raise ValueError(

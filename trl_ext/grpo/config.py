@@ -22,7 +22,7 @@ the trainer re-checks it against `accelerator.num_processes`):
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
@@ -37,11 +37,9 @@ from trl_ext.grpo.packing import PACKABLE_ATTENTION
 from trl_ext.grpo.rollouts.async_rollouts import check_async_rollouts_config
 from trl_ext.grpo.rollouts.dynamic_sampling import check_dynamic_sampling_config
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
+from trl_ext.preflight.batch import batch_error, check_batches
 from trl_ext.preflight.environment import world_size_from_env as _world_size
-
-
-def _trl_default(name: str):
-    return next(f.default for f in fields(GRPOConfig) if f.name == name)
+from trl_ext.preflight.trl_defaults import trl_default
 
 
 @dataclass
@@ -281,7 +279,7 @@ class AblationGRPOConfig(GRPOConfig):
     def _set_trl(self, seed_name: str, trl_name: str, value: int):
         """Set TRL field `trl_name` from seed field `seed_name`, unless the user set it to something else."""
         current = getattr(self, trl_name)
-        if current != _trl_default(trl_name) and current != value:
+        if current != trl_default(trl_name) and current != value:
             raise ValueError(
                 f"{seed_name}={getattr(self, seed_name)} implies {trl_name}={value}, but {trl_name}={current} was "
                 f"set explicitly; set only one of them"
@@ -289,68 +287,25 @@ class AblationGRPOConfig(GRPOConfig):
         setattr(self, trl_name, value)
 
     def _map_seed_batch_fields(self):
-        seed = {
-            "group_size": self.group_size,
-            "rollout_batch_size": self.rollout_batch_size,
-            "train_batch_size": self.train_batch_size,
-            "epochs_per_rollout_batch": self.epochs_per_rollout_batch,
-        }
-        for name, value in seed.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if all(value is None for value in seed.values()):
+        seed = ("group_size", "rollout_batch_size", "train_batch_size", "epochs_per_rollout_batch")
+        if all(getattr(self, name) is None for name in seed):
             return
-        ga, world = self.gradient_accumulation_steps, _world_size()
-        group = self.group_size or self.num_generations
-        train = self.train_batch_size or self.per_device_train_batch_size * ga * world
-        if self.rollout_batch_size is not None:
-            rollout = self.rollout_batch_size
-        elif self.generation_batch_size is not None:
-            rollout = self.generation_batch_size
-        elif self.steps_per_generation is not None:
-            rollout = self.steps_per_generation * (train // ga)
-        else:
-            rollout = train
-
-        # The seeds' sanity checks (CS336 A5 `train_loop`), in seed vocabulary.
-        if self.train_batch_size is not None and train % ga != 0:
-            raise ValueError(
-                f"train_batch_size={train} must be divisible by gradient_accumulation_steps={ga}; change one of them"
-            )
-        if self.train_batch_size is not None and train % (ga * world) != 0:
-            raise ValueError(
-                f"train_batch_size={train} must be divisible by gradient_accumulation_steps * world_size = "
-                f"{ga} * {world}; change train_batch_size or gradient_accumulation_steps"
-            )
-        if rollout % group != 0:
-            raise ValueError(
-                f"rollout_batch_size={rollout} must be divisible by group_size={group} (whole groups per rollout); "
-                "change one of them"
-            )
-        if train < group:
-            raise ValueError(
-                f"train_batch_size={train} must be >= group_size={group}; raise train_batch_size or lower group_size"
-            )
-        if rollout % train != 0:
-            raise ValueError(
-                f"rollout_batch_size={rollout} must be a multiple of train_batch_size={train} (whole optimizer steps "
-                "per rollout); change one of them"
-            )
-
+        # The seeds' sanity checks (CS336 A5 `train_loop`) and TRL's split, in the preflight's one arithmetic; a
+        # per-device batch at TRL's default counts as unset, so train_batch_size derives it.
+        trl = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations")
+        values = {name: getattr(self, name) for name in (*seed, *trl, "generation_batch_size", "steps_per_generation")}
+        if self.per_device_train_batch_size == trl_default("per_device_train_batch_size"):
+            values["per_device_train_batch_size"] = None
+        layout, problems = check_batches(values, _world_size())
+        if problems:
+            raise batch_error(problems[0])
         if self.group_size is not None:
             self._set_trl("group_size", "num_generations", self.group_size)
         if self.epochs_per_rollout_batch is not None:
             self._set_trl("epochs_per_rollout_batch", "num_iterations", self.epochs_per_rollout_batch)
         if self.train_batch_size is not None:
-            self._set_trl("train_batch_size", "per_device_train_batch_size", train // (ga * world))
+            self._set_trl("train_batch_size", "per_device_train_batch_size", layout.per_device_train_batch_size)
         if self.rollout_batch_size is not None:
-            if self.steps_per_generation is not None:
-                implied = self.steps_per_generation * self.per_device_train_batch_size * world
-                if implied != rollout:
-                    raise ValueError(
-                        f"rollout_batch_size={rollout} contradicts steps_per_generation={self.steps_per_generation} "
-                        f"(which implies {implied} completions per rollout); set only one of them"
-                    )
-                # TRL refuses both set; generation_batch_size carries the same information.
-                self.steps_per_generation = None
-            self._set_trl("rollout_batch_size", "generation_batch_size", rollout)
+            # TRL refuses both set; generation_batch_size carries the same information.
+            self.steps_per_generation = None
+            self._set_trl("rollout_batch_size", "generation_batch_size", layout.rollout_batch_size)

@@ -41,6 +41,7 @@ from trl_ext.objectives import (
     entropy_bonus,
     policy_objective,
 )
+from trl_ext.preflight.batch import batch_error, world_size_problem
 
 # The loss parameters a registered loss may declare, read from the config of the same name.
 _LOSS_FIELDS = (
@@ -131,16 +132,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
-        world = self.accelerator.num_processes
-        if args.train_batch_size is not None:
-            actual = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
-            if actual != args.train_batch_size:
-                raise ValueError(
-                    f"train_batch_size={args.train_batch_size} but per_device_train_batch_size * "
-                    f"gradient_accumulation_steps * num_processes = {args.per_device_train_batch_size} * "
-                    f"{args.gradient_accumulation_steps} * {world} = {actual}: the config was built with "
-                    "WORLD_SIZE unset or different; build it inside the launched processes"
-                )
+        world, ga = self.accelerator.num_processes, args.gradient_accumulation_steps
+        problem = world_size_problem(args.train_batch_size, args.per_device_train_batch_size, ga, world)
+        if problem is not None:
+            raise batch_error(problem)
 
     def _install_behaviours(self) -> None:
         """The generation side's behaviours, installed on what TRL's `__init__` built, in this order.

@@ -26,8 +26,6 @@ check), `supervision` (processes, signals, health polling), `table` (every shipp
 
 from trl_ext.launch.cli import SERVER_CMD_ENV, TRAIN_CMD_ENV
 from trl_ext.launch.configs import (
-    TRL_DEFAULT_HOST,
-    TRL_DEFAULT_PORT,
     AccelerateSetup,
     LaunchError,
     RecipeServing,
@@ -53,8 +51,6 @@ __all__ = [
     "HEALTH_PATH",
     "SERVER_CMD_ENV",
     "TRAIN_CMD_ENV",
-    "TRL_DEFAULT_HOST",
-    "TRL_DEFAULT_PORT",
     "AccelerateSetup",
     "Command",
     "LaunchError",

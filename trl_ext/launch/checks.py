@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trl_ext.launch.configs import AccelerateSetup, LaunchError
 from trl_ext.preflight.context import RunContext, cuda_device_order_problem, gpus_memory, nvidia_smi_gpus
-from trl_ext.preflight.driver import driver_problem, nvidia_smi_output
+from trl_ext.preflight.driver import driver_problem, nvidia_smi
 from trl_ext.preflight.plan import Preflight
 from trl_ext.preflight.problems import PreflightError
 from trl_ext.recipes import TASK_DEFAULTS, preflight_recipe
@@ -39,7 +39,7 @@ def check_machine(environ: Mapping[str, str], uses_gpus: bool) -> None:
     import torch
 
     if torch.version.cuda and not torch.cuda.is_available():
-        message = driver_problem(nvidia_smi_output(), torch.version.cuda, f"the installed torch {torch.__version__}")
+        message = driver_problem(nvidia_smi(), torch.version.cuda, f"the installed torch {torch.__version__}")
         if message:
             raise LaunchError(message)
 

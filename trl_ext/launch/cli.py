@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         ),
         config: Path | None = typer.Option(None, "--config", help="Recipe YAML (passed on as --config)."),
         num_gpus: int | None = typer.Option(
-            None, "--num-gpus", help="GPUs on this machine (default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L)."
+            None, "--num-gpus", help="GPUs on this machine (default: CUDA_VISIBLE_DEVICES, else nvidia-smi)."
         ),
         num_processes: int | None = typer.Option(
             None,

@@ -5,15 +5,13 @@ from __future__ import annotations
 import socket
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_ext.preflight.plan import TRL_SERVER_PORT as TRL_DEFAULT_PORT
+from trl_ext.preflight.trl_defaults import trl_default
 from trl_ext.recipes.stated import cli_overrides
 from trl_ext.recipes.yaml_chain import load_recipe_yaml as recipes_load_yaml
 
-# TRL 1.16 GRPOConfig defaults for the server the trainer connects to (the port: the preflight's, one constant).
-TRL_DEFAULT_HOST = "0.0.0.0"
 # Addresses that mean "this machine": only then does the launcher start the server itself.
 _LOCAL_HOSTS = {"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"}
 # Recipe fields the launcher reads; extra recipe args (`--vllm_server_port 8001`) override the YAML like TrlParser.
@@ -71,7 +69,8 @@ class AccelerateSetup:
 
 
 def read_accelerate_config(path: str | Path) -> AccelerateSetup:
-    """Reads the placement fields of an accelerate config YAML, with errors that name the file and field.
+    """Reads the placement fields of an accelerate config YAML through accelerate's own loader, with errors that
+    name the file and field.
 
     Args:
         path: an accelerate config file (as written by `accelerate config` or in `accelerate_configs/`).
@@ -80,45 +79,39 @@ def read_accelerate_config(path: str | Path) -> AccelerateSetup:
         The parsed `AccelerateSetup`.
 
     Raises:
-        LaunchError: the file is missing, is not YAML mapping, or has a bad `distributed_type`, `num_processes`,
-            `num_machines` or `gpu_ids`.
+        LaunchError: the file is missing, accelerate's loader refuses it, or it has a bad `num_processes`,
+            `num_machines`, `gpu_ids`, `zero_stage`, `main_process_port` or `machine_rank`.
     """
     path = Path(path)
-    data = _read_yaml_mapping(path, "accelerate config")
-    if "distributed_type" not in data:
-        raise LaunchError(f"accelerate config {path}: missing `distributed_type` (e.g. 'NO', MULTI_GPU, DEEPSPEED)")
-    distributed_type = data["distributed_type"]
-    # Unquoted `NO` is YAML 1.1 for False; accelerate itself writes 'NO' quoted.
-    distributed_type = "NO" if distributed_type is False else str(distributed_type).upper()
-    if "num_processes" in data:
-        num_processes = _as_int(data["num_processes"], f"accelerate config {path}: `num_processes`", minimum=1)
+    cluster = _load_accelerate_config(path)
+    where = f"accelerate config {path}"
+    distributed_type = getattr(cluster.distributed_type, "value", str(cluster.distributed_type)).upper()
+    if cluster.num_processes is not None and cluster.num_processes != -1:  # accelerate's -1: not in the file
+        num_processes = _as_int(cluster.num_processes, f"{where}: `num_processes`", minimum=1)
     elif distributed_type == "NO":
         num_processes = 1
     else:
-        raise LaunchError(
-            f"accelerate config {path}: `num_processes` is required with distributed_type {distributed_type}"
-        )
-    num_machines = _as_int(data.get("num_machines", 1), f"accelerate config {path}: `num_machines`", minimum=1)
-    use_cpu = bool(data.get("use_cpu", False))
-    raw_ids = data.get("gpu_ids")
+        raise LaunchError(f"{where}: `num_processes` is required with distributed_type {distributed_type}")
+    num_machines = _as_int(cluster.num_machines or 1, f"{where}: `num_machines`", minimum=1)
+    raw_ids = cluster.gpu_ids
     gpu_ids: tuple[str, ...] | None = None
     if raw_ids is not None and str(raw_ids).strip().lower() != "all":
         gpu_ids = tuple(part.strip() for part in str(raw_ids).split(","))
         if not all(gpu_ids):
-            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
+            raise LaunchError(f"{where}: `gpu_ids` {raw_ids!r} is not 'all' or a list like '0,1'")
         if len(set(gpu_ids)) != len(gpu_ids):
-            raise LaunchError(f"accelerate config {path}: `gpu_ids` {raw_ids!r} repeats a GPU")
-    deepspeed = data.get("deepspeed_config") or {}
+            raise LaunchError(f"{where}: `gpu_ids` {raw_ids!r} repeats a GPU")
     zero_stage = 0
     if distributed_type == "DEEPSPEED":
-        zero_stage = _as_int(deepspeed.get("zero_stage", 0), f"accelerate config {path}: `zero_stage`", minimum=0)
-    port = data.get("main_process_port")
-    main_port = None if port is None else _as_int(port, f"accelerate config {path}: `main_process_port`", minimum=1)
-    machine_rank = _as_int(data.get("machine_rank", 0) or 0, f"accelerate config {path}: `machine_rank`", minimum=0)
-    if machine_rank >= num_machines:
-        raise LaunchError(
-            f"accelerate config {path}: `machine_rank` {machine_rank} is not below `num_machines` {num_machines}"
+        zero_stage = _as_int(
+            (cluster.deepspeed_config or {}).get("zero_stage", 0), f"{where}: `zero_stage`", minimum=0
         )
+    port = cluster.main_process_port
+    main_port = None if port is None else _as_int(port, f"{where}: `main_process_port`", minimum=1)
+    machine_rank = _as_int(cluster.machine_rank or 0, f"{where}: `machine_rank`", minimum=0)
+    if machine_rank >= num_machines:
+        raise LaunchError(f"{where}: `machine_rank` {machine_rank} is not below `num_machines` {num_machines}")
+    use_cpu = bool(cluster.use_cpu)
     return AccelerateSetup(
         path, distributed_type, num_processes, num_machines, gpu_ids, use_cpu, zero_stage, main_port, machine_rank
     )
@@ -133,20 +126,17 @@ def load_recipe_yaml(path: str | Path) -> dict:
         raise LaunchError(f"recipe config: {exc}") from exc
 
 
-def _read_yaml_mapping(path: Path, what: str) -> dict:
-    import yaml
+def _load_accelerate_config(path: Path):
+    """The file through accelerate's own loader (what `accelerate launch --config_file` reads, defaults filled in and
+    unknown keys refused), with errors that name the file."""
+    from accelerate.commands.config.config_args import ClusterConfig
 
     if not path.is_file():
-        raise LaunchError(f"{what} {path} not found")
+        raise LaunchError(f"accelerate config {path} not found")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        raise LaunchError(f"{what} {path} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise LaunchError(f"{what} {path} must be a YAML mapping of field: value, got {type(data).__name__}")
-    return data
+        return ClusterConfig.from_yaml_file(yaml_file=str(path))
+    except Exception as exc:  # noqa: BLE001 - accelerate raises ValueError, TypeError, yaml's errors, ...
+        raise LaunchError(f"accelerate config {path}: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -156,8 +146,8 @@ class RecipeServing:
     use_vllm: bool = False
     vllm_mode: str = "colocate"
     model: str | None = None
-    host: str = TRL_DEFAULT_HOST
-    port: int = TRL_DEFAULT_PORT
+    host: str = field(default_factory=lambda: trl_default("vllm_server_host"))
+    port: int = field(default_factory=lambda: trl_default("vllm_server_port"))
     output_dir: str | None = None
     base_url: str | None = None
     gpu_memory_utilization: float | None = None  # the recipe's vLLM share, passed to the server it starts
@@ -197,8 +187,9 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     vllm_mode = str(values.get("vllm_mode", "colocate"))
     if vllm_mode not in ("server", "colocate"):
         raise LaunchError(f"{source}: `vllm_mode` must be 'server' or 'colocate', got {vllm_mode!r}")
-    host = str(values.get("vllm_server_host", TRL_DEFAULT_HOST))
-    port = _as_int(values.get("vllm_server_port", TRL_DEFAULT_PORT), f"{source}: `vllm_server_port`", minimum=1)
+    host = str(values["vllm_server_host"] if "vllm_server_host" in values else trl_default("vllm_server_host"))
+    port = values["vllm_server_port"] if "vllm_server_port" in values else trl_default("vllm_server_port")
+    port = _as_int(port, f"{source}: `vllm_server_port`", minimum=1)
     base_url = values.get("vllm_server_base_url")
     if base_url:
         # TRL ignores host and port when a base URL is given; so do we.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trl_ext.launch import planning
@@ -72,7 +72,7 @@ def plan_launch(
         recipe: the recipe script, e.g. `recipes/countdown.py`.
         config: the recipe YAML (`--config`), or None.
         extra_args: recipe args after the YAML; serving fields among them override the YAML.
-        num_gpus: GPU count of this machine (ids `0..n-1`); default `CUDA_VISIBLE_DEVICES`, then `nvidia-smi -L`.
+        num_gpus: GPU count of this machine (ids `0..n-1`); default `CUDA_VISIBLE_DEVICES`, then `nvidia-smi`.
         num_processes: training processes instead of the config's `num_processes` (passed to accelerate).
         machine_rank: this machine's rank instead of the config's `machine_rank` (passed to accelerate).
         vllm_tp: server tensor-parallel size; vllm_dp: server data-parallel size (see `server_parallelism`).
@@ -90,24 +90,99 @@ def plan_launch(
     Raises:
         LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing, a failed check.
     """
-    environ = dict(os.environ if environ is None else environ)
+    request = LaunchRequest(
+        accelerate_config, recipe, config, tuple(extra_args), num_gpus, num_processes, machine_rank, vllm_tp,
+        vllm_dp, tuple(vllm_args), server_cmd, train_cmd, log_dir, dict(os.environ if environ is None else environ),
+        gpu_memory_gb, check_packages, cpus,
+    )  # fmt: skip
     setup = _override(read_accelerate_config(accelerate_config), num_processes, machine_rank)
     if not Path(recipe).is_file():
         raise LaunchError(f"recipe script {recipe} not found")
     serving = read_recipe_serving(config, extra_args)
+    placement = _place_training(request, setup, serving)
+    server = None
+    if placement.starts_server:
+        layout = _cpu_server if not placement.available and planning.vllm_cpu_build() else _gpu_server
+        server = _server(request, serving, placement, layout(request, setup, serving, placement))
+    return _plan(request, setup, serving, placement, server)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """`plan_launch`'s arguments, as one value the planning steps share (see `plan_launch` for each)."""
+
+    accelerate_config: str | Path
+    recipe: str | Path
+    config: str | Path | None
+    extra_args: tuple[str, ...]
+    num_gpus: int | None
+    num_processes: int | None
+    machine_rank: int | None
+    vllm_tp: int | None
+    vllm_dp: int | None
+    vllm_args: tuple[str, ...]
+    server_cmd: str | None
+    train_cmd: str | None
+    log_dir: str | Path | None
+    environ: dict[str, str]
+    gpu_memory_gb: float | None
+    check_packages: bool
+    cpus: list[int] | None
+
+
+@dataclass
+class _Placement:
+    """Where training runs: the GPUs found (and where from), those training takes, those left for a server."""
+
+    starts_server: bool
+    available: list[str]
+    source: str
+    train: list[str]
+    free: list[str]
+    launch_args: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ServerLayout:
+    """Where the vLLM server runs: its GPUs and parallelism, or the CPU cores (`cpu`) of vLLM's CPU build."""
+
+    gpus: list[str]
+    tp: int
+    dp: int
+    vllm_args: list[str]
+    cpu: CpuLayout | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Server:
+    command: planning.Command
+    layout: _ServerLayout
+    port: int
+    extra_args: list[str]
+    notes: list[str]
+
+
+def _place_training(request: LaunchRequest, setup: AccelerateSetup, serving: RecipeServing) -> _Placement:
+    """The training GPUs (the accelerate config's, on the GPUs this machine offers) and accelerate's placement flags;
+    whether this machine starts the server (server mode, a local host, machine rank 0)."""
+    machine_rank, num_processes = request.machine_rank, request.num_processes
     launch_args = rendezvous_args(setup) + (["--machine_rank", str(machine_rank)] if machine_rank is not None else [])
     starts_server = serving.server_mode and serving.local_server and setup.machine_rank == 0
     if serving.server_mode and not serving.model and starts_server:
-        raise LaunchError(f"recipe config {config}: vLLM server mode needs `model_name_or_path` to serve")
-
-    available, source = ([], "") if setup.use_cpu and not starts_server else detect_gpus(num_gpus, environ)
+        raise LaunchError(f"recipe config {request.config}: vLLM server mode needs `model_name_or_path` to serve")
+    if setup.use_cpu and not starts_server:
+        available, source = [], ""
+    else:
+        available, source = detect_gpus(request.num_gpus, request.environ)
     notes = []
     if starts_server:
         train, free = split_gpus(setup, available, source)
     else:
         train = split_gpus(setup, available, source)[0] if available else []
         free = []
-        notes.append(_no_server_note(setup, serving, config))
+        notes.append(_no_server_note(setup, serving, request.config))
     if train:
         launch_args = accelerate_args(setup, train, num_processes) + launch_args
         if setup.gpu_ids is not None and tuple(train) != setup.gpu_ids:
@@ -117,93 +192,125 @@ def plan_launch(
             )
     elif num_processes is not None:
         launch_args = ["--num_processes", str(num_processes)] + launch_args
+    return _Placement(starts_server, available, source, train, free, launch_args, notes)
 
-    extra = list(extra_args)
-    server = None
-    server_gpus: list[str] = []
-    tp = dp = 0
-    port = None
-    cpu: CpuLayout | None = None  # the CPU server layout (no GPU, vLLM's CPU build)
-    if starts_server:
-        if not available and planning.vllm_cpu_build():
-            if (vllm_tp or 1) * (vllm_dp or 1) > 1:
-                raise LaunchError(
-                    f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}"
-                )
-            tp = dp = 1
-            cpu = split_cores(cpus)
-            vllm_args, kv_note = cpu_server_args(vllm_args, serving.gpu_memory_utilization, serving.compute_dtype)
-        elif not free:
-            raise LaunchError(_no_free_gpu(setup, train, available, source))
-        else:
-            shape, _ = load_model_shape(serving.model)
-            server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp, shape)
-            if vllm_tp is None:  # why this size (trl_ext.launch.tensor_parallel)
-                notes.append(f"vLLM server {tensor_parallel_note(shape, tp, len(free))}")
-            if shape is None:
-                notes.append(f"{serving.model}: no config found, so tp {tp} is not checked against its heads")
-        port, port_flags = serving_ports(serving, pick=recipe_script_task(recipe) is not None)
-        host_flags, bind_note = loopback_flags(serving, port)
-        extra += [*host_flags, *port_flags]
-        stated = {arg.lstrip("-").split("=")[0].replace("-", "_") for arg in vllm_args}
-        if cpu is None and serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
-            vllm_args = [*vllm_args, "--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
-        server = server_command(serving.model, SERVER_BIND_HOST, port, tp, dp, server_gpus, vllm_args, server_cmd)
-        idle = [gpu for gpu in free if gpu not in server_gpus]
-        where = "the CPU (vLLM's CPU build, no GPU found)" if cpu else f"GPU(s) {','.join(server_gpus)}"
-        notes.append(
-            f"vLLM server mode: {serving.model} on {where} (tp {tp}, dp {dp}), training on "
-            f"{','.join(train) or 'CPU'}; {len(available)} GPU(s) from {source}"
-            + (f"; idle: {','.join(idle)}" if idle else "")
-        )
-        notes.append(bind_note)
-        if cpu is not None:
-            server = pin(server, cpu.server_cores)
-            notes += [cpu.note, kv_note]
 
-    check_machine(environ, bool(train or server_gpus))
+def _cpu_server(
+    request: LaunchRequest, setup: AccelerateSetup, serving: RecipeServing, placement: _Placement
+) -> _ServerLayout:
+    """vLLM's CPU build on a machine without a GPU: one server process on some cores, the trainer on the rest."""
+    vllm_tp, vllm_dp = request.vllm_tp, request.vllm_dp
+    if (vllm_tp or 1) * (vllm_dp or 1) > 1:
+        raise LaunchError(f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}")
+    cpu = split_cores(request.cpus)
+    vllm_args, kv_note = cpu_server_args(request.vllm_args, serving.gpu_memory_utilization, serving.compute_dtype)
+    return _ServerLayout([], 1, 1, list(vllm_args), cpu, [cpu.note, kv_note])
+
+
+def _gpu_server(
+    request: LaunchRequest, setup: AccelerateSetup, serving: RecipeServing, placement: _Placement
+) -> _ServerLayout:
+    """The server on the GPUs training leaves free, sized for the model's heads (`server_parallelism`)."""
+    if not placement.free:
+        raise LaunchError(_no_free_gpu(setup, placement.train, placement.available, placement.source))
+    shape, _ = load_model_shape(serving.model)
+    gpus, tp, dp = server_parallelism(placement.free, request.vllm_tp, request.vllm_dp, shape)
+    if request.vllm_tp is None:  # why this size (trl_ext.launch.tensor_parallel)
+        placement.notes.append(f"vLLM server {tensor_parallel_note(shape, tp, len(placement.free))}")
+    if shape is None:
+        placement.notes.append(f"{serving.model}: no config found, so tp {tp} is not checked against its heads")
+    vllm_args = list(request.vllm_args)
+    stated = {arg.lstrip("-").split("=")[0].replace("-", "_") for arg in vllm_args}
+    if serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
+        vllm_args += ["--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
+    return _ServerLayout(gpus, tp, dp, vllm_args)
+
+
+def _server(request: LaunchRequest, serving: RecipeServing, placement: _Placement, layout: _ServerLayout) -> _Server:
+    """The server command on `layout`, its ports, and the recipe flags that point the trainer at it."""
+    port, port_flags = serving_ports(serving, pick=recipe_script_task(request.recipe) is not None)
+    host_flags, bind_note = loopback_flags(serving, port)
+    command = server_command(
+        serving.model, SERVER_BIND_HOST, port, layout.tp, layout.dp, layout.gpus, layout.vllm_args, request.server_cmd
+    )
+    idle = [gpu for gpu in placement.free if gpu not in layout.gpus]
+    where = "the CPU (vLLM's CPU build, no GPU found)" if layout.cpu else f"GPU(s) {','.join(layout.gpus)}"
+    notes = [
+        f"vLLM server mode: {serving.model} on {where} (tp {layout.tp}, dp {layout.dp}), training on "
+        f"{','.join(placement.train) or 'CPU'}; {len(placement.available)} GPU(s) from {placement.source}"
+        + (f"; idle: {','.join(idle)}" if idle else ""),
+        bind_note,
+    ]
+    if layout.cpu is not None:
+        command = pin(command, layout.cpu.server_cores)
+    notes += layout.notes
+    return _Server(command, layout, port, [*request.extra_args, *host_flags, *port_flags], notes)
+
+
+def _plan(
+    request: LaunchRequest,
+    setup: AccelerateSetup,
+    serving: RecipeServing,
+    placement: _Placement,
+    server: _Server | None,
+) -> LaunchPlan:
+    """The checks (the machine, the recipe's preflight on this placement), then the trainer command and the plan."""
+    train, layout = placement.train, None if server is None else server.layout
+    cpu = None if layout is None else layout.cpu
+    server_gpus = [] if layout is None else layout.gpus
+    extra = list(request.extra_args) if server is None else server.extra_args
+    check_machine(request.environ, bool(train or server_gpus))
     checked = launch_preflight(
         setup,
-        recipe,
-        config,
+        request.recipe,
+        request.config,
         extra,
         train,
         server_gpus,
-        tp or 1,
-        gpu_memory_gb,
-        check_packages=check_packages,
+        (layout.tp if layout else 0) or 1,
+        request.gpu_memory_gb,
+        check_packages=request.check_packages,
         cpu_cores=None if cpu is None else (cpu.server_cores, cpu.train_cores),
     )
     output_dir = checked[0][1].output_dir if checked else serving.output_dir
-    log_root = Path(log_dir) if log_dir is not None else Path(output_dir or DEFAULT_LOG_DIR)
-    server_log = log_root / f"vllm_server_{port}.log"
+    log_root = Path(request.log_dir) if request.log_dir is not None else Path(output_dir or DEFAULT_LOG_DIR)
+    server_log = log_root / f"vllm_server_{None if server is None else server.port}.log"
     if train:
         trainer_env = gpu_env(train)
     else:  # a CPU trainer beside a GPU server sees no GPU; otherwise accelerate's own handling applies
-        trainer_env = {CUDA_VISIBLE: ""} if starts_server else {}
-    trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
+        trainer_env = {CUDA_VISIBLE: ""} if placement.starts_server else {}
+    trainer = trainer_command(
+        request.accelerate_config,
+        request.recipe,
+        request.config,
+        extra,
+        trainer_env,
+        request.train_cmd,
+        placement.launch_args,
+    )
     if cpu is not None:
         trainer = with_server_log(pin(trainer, cpu.train_cores), server_log)
     report = checked[1] if checked else None
+    notes = tuple(placement.notes + ([] if server is None else server.notes))
     common = dict(
         trainer=trainer,
         train_gpus=tuple(train),
         preflight=report.render() if report else "",
         report=report,
         output_dir=output_dir,
+        notes=notes,
     )
     if server is None:
-        return LaunchPlan(notes=tuple(notes), **common)
+        return LaunchPlan(**common)
     return LaunchPlan(
-        server=server,
+        server=server.command,
         host=SERVER_BIND_HOST,
-        port=port,
-        health_url=f"http://{url_host(SERVER_BIND_HOST)}:{port}{HEALTH_PATH}",
+        port=server.port,
+        health_url=f"http://{url_host(SERVER_BIND_HOST)}:{server.port}{HEALTH_PATH}",
         server_log=server_log,
-        server_gpus=tuple(server_gpus),
-        tp=tp,
-        dp=dp,
-        notes=tuple(notes),
+        server_gpus=tuple(layout.gpus),
+        tp=layout.tp,
+        dp=layout.dp,
         **common,
     )
 

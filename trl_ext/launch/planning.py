@@ -3,7 +3,7 @@ ports, both commands, the `LaunchPlan`.
 
 Nothing here starts the server or the trainer or checks the recipe (`trl_ext.launch.checks` does, over what this
 module planned; `trl_ext.launch.launcher.plan_launch` calls one, then the other). The outside calls are
-`nvidia-smi -L` (GPU count, only when neither `--num-gpus` nor `CUDA_VISIBLE_DEVICES` says) and port binds.
+nvidia-smi (GPU count, only when neither `--num-gpus` nor `CUDA_VISIBLE_DEVICES` says) and port binds.
 
 The server's tensor parallelism (which sizes vLLM accepts for a model, which one the plan picks and why) is
 `trl_ext.launch.tensor_parallel`. Data parallelism above 1 is refused for dense models: TRL 1.16's `trl vllm-serve`
@@ -15,24 +15,23 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.launch.configs import TRL_DEFAULT_PORT, AccelerateSetup, LaunchError, RecipeServing
+from trl_ext.launch.configs import AccelerateSetup, LaunchError, RecipeServing
 from trl_ext.launch.tensor_parallel import (
     choose_tensor_parallel,
     padded_vocab,
     tensor_parallel_ok,
     tensor_parallel_sizes,
 )
-from trl_ext.preflight.context import PCI_BUS_ID
+from trl_ext.preflight.context import PCI_BUS_ID, nvidia_smi_gpus
 from trl_ext.preflight.environment import choose_port, installed_vllm, is_cpu_build, pick_free_port
 from trl_ext.preflight.models import ModelShape
-from trl_ext.preflight.plan import TRL_GROUP_PORT
+from trl_ext.preflight.trl_defaults import trl_default
 
 # vLLM's own server (what `trl vllm-serve` runs in TRL 1.16) answers here; TRL's VLLMClient.check_server polls it.
 HEALTH_PATH = "/health"
@@ -55,7 +54,7 @@ def detect_gpus(num_gpus: int | None = None, environ: dict[str, str] | None = No
     """The GPU ids this machine offers, and where that answer came from.
 
     `CUDA_VISIBLE_DEVICES` (a scheduler's allocation) wins: its ids as written, and `--num-gpus` must agree with
-    their count. Else `num_gpus` (ids `0..num_gpus-1`), else the `GPU i:` lines of `nvidia-smi -L`, else none.
+    their count. Else `num_gpus` (ids `0..num_gpus-1`), else the GPUs nvidia-smi lists, else none.
 
     Raises:
         LaunchError: `--num-gpus` is negative or disagrees with `CUDA_VISIBLE_DEVICES`.
@@ -74,12 +73,8 @@ def detect_gpus(num_gpus: int | None = None, environ: dict[str, str] | None = No
         return ids, CUDA_VISIBLE
     if num_gpus is not None:
         return [str(i) for i in range(num_gpus)], "--num-gpus"
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return [], "nvidia-smi (not available)"
-    count = sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
-    return [str(i) for i in range(count)], "nvidia-smi -L"
+    gpus = nvidia_smi_gpus()
+    return [str(i) for i in range(len(gpus))], "nvidia-smi" if gpus else "nvidia-smi (no GPU listed)"
 
 
 def split_gpus(setup: AccelerateSetup, available: Sequence[str], source: str = "") -> tuple[list[str], list[str]]:
@@ -313,14 +308,15 @@ def serving_ports(serving: RecipeServing, pick: bool = True) -> tuple[int, list[
     if not pick:
         return serving.port, []
     given = serving.port if serving.port_stated else None
-    server, problems = choose_port("vllm_server_port", given, TRL_DEFAULT_PORT)
+    server, problems = choose_port("vllm_server_port", given, trl_default("vllm_server_port"))
     if server is None:
         raise LaunchError("; ".join(p.render() for p in problems))
     flags = server.flag().split() if server.picked else []
     if serving.group_port is None:
-        group = pick_free_port(TRL_GROUP_PORT, avoid={server.port})
+        first = trl_default("vllm_group_port")
+        group = pick_free_port(first, avoid={server.port})
         if group is None:
-            raise LaunchError(f"no free port from {TRL_GROUP_PORT} for vllm_group_port; set it in the recipe")
+            raise LaunchError(f"no free port from {first} for vllm_group_port; set it in the recipe")
         flags += ["--vllm_group_port", str(group)]
     return server.port, flags
 

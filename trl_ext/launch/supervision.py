@@ -13,14 +13,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trl_ext.launch.configs import TRL_DEFAULT_PORT, LaunchError
+from trl_ext.host import log_tail
+from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command, LaunchPlan
 from trl_ext.preflight.environment import port_is_free
+from trl_ext.preflight.trl_defaults import trl_default
 
 
 class _Interrupted(BaseException):
@@ -96,14 +97,6 @@ def stop_process_group(proc: subprocess.Popen, grace: float, first_signal: int =
         time.sleep(0.1)
 
 
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines)).rstrip()
-    except OSError:
-        return "(no log)"
-
-
 class ServerProcess:
     """The vLLM server as a context manager that owns its process group.
 
@@ -151,7 +144,7 @@ class ServerProcess:
         """The last `lines` lines of the server log."""
         if self._log is not None and not self._log.closed:
             self._log.flush()
-        return _tail(self.log_path, lines)
+        return log_tail(self.log_path, lines)
 
     def wait_healthy(self, timeout: float, poll_interval: float = 1.0, tail_lines: int = 20) -> float:
         """Polls `GET health_url` until it answers 200; returns the seconds it took.
@@ -261,7 +254,7 @@ def run_launch(
             code and last log lines in the message; everything is stopped first).
     """
     if plan.server is not None:
-        check_port_free(plan.host or "", plan.port or TRL_DEFAULT_PORT)
+        check_port_free(plan.host or "", plan.port or trl_default("vllm_server_port"))
     server = None
     if plan.server is not None:
         server = ServerProcess(plan.server, plan.server_log, plan.health_url, grace=grace)

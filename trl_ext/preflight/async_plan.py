@@ -11,7 +11,6 @@ way. On several GPUs (NCCL) or the CPU layout alike, only the main process holds
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from trl_ext.preflight.batch import BatchLayout
@@ -75,21 +74,6 @@ def plan_async(args, layout: BatchLayout, prompt_tokens: int) -> AsyncPlan | Non
         prompt_tokens=prompt_tokens,
         queued_bytes=queued if args.max_staleness else 0,
     )
-
-
-def available_host_bytes() -> int | None:
-    """This machine's available physical memory (`MemAvailable`), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_async(plan: AsyncPlan, available: int | None) -> list[Problem]:

@@ -1,4 +1,7 @@
-"""Batch arithmetic of a GRPO recipe for the actual number of training processes (pure; no TRL import).
+"""The one batch arithmetic of a GRPO run for the actual number of training processes: the preflight checks a recipe
+with it, `AblationGRPOConfig` maps the seeds' fields with it, the trainer checks its world size and asynchronous
+rollouts their whole optimizer steps with it; every rule has one message (`field: message` in the preflight,
+`field=message` in a config error). Pure: TRL's defaults are read from `trl.GRPOConfig` on first use.
 
 A recipe states the seeds' batch vocabulary; the world size W (training processes) decides how it splits:
 
@@ -11,7 +14,7 @@ A recipe states the seeds' batch vocabulary; the world size W (training processe
 When a recipe gives `train_batch_size` and `per_device_train_batch_size` (the micro-batch, what memory depends on)
 but not `gradient_accumulation_steps`, GA is derived for W: `train_batch_size / (per_device x W)`. That is how the
 shipped recipes keep the seeds' 256 completions per step on 1, 2, 4 or 8 GPUs. A recipe that gives GA instead gets
-the per-device batch derived from it (`trl_ext.grpo.config`). Every failure comes with fixes that were re-checked here.
+the per-device batch derived from it. Every failure the preflight reports comes with fixes that were re-checked here.
 """
 
 from __future__ import annotations
@@ -22,20 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trl_ext.preflight.problems import PreflightError, Problem
+from trl_ext.preflight.trl_defaults import trl_default
 
-# TRL 1.16 GRPOConfig defaults of the fields below (tests/test_preflight_batch.py checks them against TRL).
-TRL_BATCH_DEFAULTS: dict[str, Any] = {
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "num_generations": 8,
-    "num_generations_eval": None,
-    "num_iterations": 1,
-    "generation_batch_size": None,
-    "steps_per_generation": None,
-    "per_device_eval_batch_size": 8,
-    "eval_strategy": "no",
-    "max_steps": -1,
-}
 _MAX_SUGGESTED_PROCESSES = 16
 
 
@@ -108,9 +99,38 @@ class BatchLayout:
         return lines
 
 
+# The TRL fields of the arithmetic; an absent one takes `trl.GRPOConfig`'s default.
+TRL_BATCH_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "num_generations_eval",
+    "num_iterations",
+    "generation_batch_size",
+    "steps_per_generation",
+    "per_device_eval_batch_size",
+    "eval_strategy",
+    "max_steps",
+)
+# The seeds' vocabulary (`trl_ext.grpo.config` maps it onto TRL's fields); no TRL default.
+SEED_BATCH_FIELDS = (
+    "group_size",
+    "rollout_batch_size",
+    "train_batch_size",
+    "epochs_per_rollout_batch",
+    "n_grpo_steps",
+)
+_COUNTS = (*SEED_BATCH_FIELDS, *(f for f in TRL_BATCH_FIELDS if f not in ("eval_strategy", "max_steps")))
+
+
+def batch_error(problem: Problem) -> ValueError:
+    """A batch problem as the config and the trainer raise it, `field=message` (the preflight: `field: message`)."""
+    return ValueError(f"{problem.field}={problem.message}")
+
+
 def _value(values: Mapping[str, Any], key: str) -> Any:
     value = values.get(key)
-    return TRL_BATCH_DEFAULTS.get(key) if value is None else value
+    return trl_default(key) if value is None and key in TRL_BATCH_FIELDS else value
 
 
 def _eval_on(values: Mapping[str, Any]) -> bool:
@@ -124,163 +144,186 @@ def _as_int(values: Mapping[str, Any], key: str, problems: list[Problem]) -> int
     if value is None:
         return None
     text = str(value).strip()
-    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()):
-        problems.append(Problem(key, f"{value!r} is not a positive integer"))
+    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()) or int(text) < 1:
+        problems.append(Problem(key, f"{value!r} must be a positive integer"))
         return None
-    number = int(text)
-    if number < 1:
-        problems.append(Problem(key, f"{number} must be >= 1"))
+    return int(text)
+
+
+@dataclass(frozen=True)
+class _TrainSplit:
+    train: int
+    per_device: int
+    ga: int
+    ga_derived: bool
+
+
+def _train_split(ints: Mapping[str, int | None], w: int) -> tuple[_TrainSplit | None, Problem | None]:
+    """Completions per optimizer step as per-device x GA x W: GA derived from the micro-batch when the recipe gives
+    `train_batch_size` and `per_device_train_batch_size` but no GA, the micro-batch derived from GA otherwise."""
+    train, given_per_device, given_ga = (
+        ints["train_batch_size"],
+        ints["per_device_train_batch_size"],
+        ints["gradient_accumulation_steps"],
+    )
+    if train is not None and given_per_device and not given_ga:
+        ga = _split_train_batch(train, given_per_device, w)
+        if ga is None:
+            return None, Problem(
+                "train_batch_size",
+                f"{train} completions per optimizer step do not split into per_device_train_batch_size="
+                f"{given_per_device} x gradient_accumulation_steps x {w} process(es) "
+                f"({train} / {given_per_device * w} = {train / (given_per_device * w):.4g})",
+            )
+        return _TrainSplit(train, given_per_device, ga, True), None
+    ga = given_ga or trl_default("gradient_accumulation_steps")
+    if train is None:
+        per_device = given_per_device or trl_default("per_device_train_batch_size")
+        return _TrainSplit(per_device * ga * w, per_device, ga, False), None
+    if train % (ga * w):
+        return None, Problem(
+            "train_batch_size",
+            f"{train} must be divisible by gradient_accumulation_steps={ga} x {w} process(es) = {ga * w}",
+        )
+    per_device = train // (ga * w)
+    if given_per_device and given_per_device != per_device:
+        return None, Problem(
+            "per_device_train_batch_size",
+            f"{given_per_device} contradicts train_batch_size={train} / (gradient_accumulation_steps={ga} x {w} "
+            f"process(es)) = {per_device}; set only one of them",
+        )
+    return _TrainSplit(train, per_device, ga, False), None
+
+
+def _rollout_problems(ints: Mapping[str, int | None], split: _TrainSplit, group: int, w: int) -> tuple[int, list]:
+    """Completions per rollout (`rollout_batch_size`, else TRL's `generation_batch_size`, else `steps_per_generation`
+    micro-batches, else one optimizer step's) and the seeds' and TRL's rules on it."""
+    micro_global = split.per_device * w
+    steps = ints["steps_per_generation"]
+    rollout = ints["rollout_batch_size"] or ints["generation_batch_size"] or (steps or 0) * micro_global or split.train
+    if ints["rollout_batch_size"] and steps and steps * micro_global != rollout:
+        message = (
+            f"{rollout} contradicts steps_per_generation={steps} (which implies {steps * micro_global} completions "
+            "per rollout); set only one of them"
+        )
+        return rollout, [Problem("rollout_batch_size", message)]
+    problems = []
+    if rollout % group:
+        problems.append(
+            Problem(
+                "rollout_batch_size", f"{rollout} must be divisible by group_size={group} (whole groups per rollout)"
+            )
+        )
+    if split.train < group:
+        problems.append(Problem("train_batch_size", f"{split.train} must be >= group_size={group} (one whole group)"))
+    if rollout % split.train:
+        problems.append(
+            Problem(
+                "rollout_batch_size",
+                f"{rollout} must be a multiple of train_batch_size={split.train} (whole optimizer steps per rollout)",
+            )
+        )
+    if rollout % micro_global:
+        problems.append(
+            Problem(
+                "rollout_batch_size",
+                f"{rollout} must be divisible by per_device_train_batch_size={split.per_device} x {w} process(es) = "
+                f"{micro_global} (TRL: generation_batch_size must be divisible by the global batch)",
+            )
+        )
+    return rollout, problems
+
+
+def whole_optimizer_steps(steps_per_generation: int, num_iterations: int, ga: int) -> tuple[int | None, list]:
+    """Optimizer steps per rollout batch, `steps_per_generation x num_iterations / GA`, or the problem when that is not
+    a whole number (a rollout batch would then start inside an optimizer step)."""
+    micro = steps_per_generation * num_iterations
+    if micro % ga:
+        message = (
+            f"{ga} does not divide the {micro} micro-batches per rollout (steps_per_generation={steps_per_generation} "
+            f"x num_iterations={num_iterations}): not whole optimizer steps per rollout; change one of them (in seed "
+            "terms: rollout_batch_size x epochs_per_rollout_batch must be a multiple of train_batch_size)"
+        )
+        return None, [Problem("gradient_accumulation_steps", message)]
+    return micro // ga, []
+
+
+def world_size_problem(train: int | None, per_device: int, ga: int, world_size: int) -> Problem | None:
+    """A `train_batch_size` the processes actually running do not make (the config was built for another W)."""
+    actual = per_device * ga * world_size
+    if train is None or actual == train:
         return None
-    return number
+    return Problem(
+        "train_batch_size",
+        f"{train} but per_device_train_batch_size x gradient_accumulation_steps x num_processes = {per_device} x "
+        f"{ga} x {world_size} = {actual}: the config was built with WORLD_SIZE unset or different; build it inside "
+        "the launched processes",
+    )
+
+
+def _eval_batches(values: Mapping[str, Any], ints: Mapping[str, int | None], group: int, w: int):
+    """(per-device eval batch, completions per prompt, generation calls per pass or None), or a problem."""
+    if not _eval_on(values):
+        return (0, 0, None), []
+    eval_batch = ints["per_device_eval_batch_size"] or trl_default("per_device_eval_batch_size")
+    generations = ints["num_generations_eval"] or group
+    if (eval_batch * w) % generations:
+        message = (
+            f"{eval_batch} x {w} process(es) must be a multiple of the {generations} completions per validation "
+            "prompt (TRL)"
+        )
+        return None, [Problem("per_device_eval_batch_size", message)]
+    limit = values.get("eval_limit")
+    requests = math.ceil(int(limit) / (eval_batch * w // generations)) if limit else None
+    return (eval_batch, generations, requests), []
 
 
 def check_batches(values: Mapping[str, Any], world_size: int) -> tuple[BatchLayout | None, list[Problem]]:
     """The layout of a recipe's batches on `world_size` processes, or the problems (without fixes).
+
+    The one batch arithmetic: the preflight, `trl_ext.grpo.config` (the seeds' fields) and the trainer use it.
 
     Args:
         values: recipe fields (YAML chain plus command-line overrides); absent keys take TRL's defaults.
         world_size: training processes.
     """
     problems: list[Problem] = []
-    ints = {
-        key: _as_int(values, key, problems)
-        for key in (
-            "group_size",
-            "rollout_batch_size",
-            "train_batch_size",
-            "epochs_per_rollout_batch",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_generations",
-            "num_iterations",
-            "generation_batch_size",
-            "steps_per_generation",
-            "per_device_eval_batch_size",
-            "num_generations_eval",
-            "n_grpo_steps",
-        )
-    }
+    ints = {key: _as_int(values, key, problems) for key in _COUNTS}
     if problems:
         return None, problems
-
-    def get(key: str) -> int | None:
-        return ints[key] if ints[key] is not None else TRL_BATCH_DEFAULTS.get(key)
-
     w = world_size
-    group = ints["group_size"] or get("num_generations")
-    epochs = ints["epochs_per_rollout_batch"] or get("num_iterations")
-    train = ints["train_batch_size"]
-    ga_derived = False
-    if train is not None and ints["per_device_train_batch_size"] and not ints["gradient_accumulation_steps"]:
-        per_device = ints["per_device_train_batch_size"]
-        ga = _split_train_batch(train, per_device, w)
-        if ga is None:
-            problems.append(
-                Problem(
-                    "train_batch_size",
-                    f"{train} completions per optimizer step do not split into per_device_train_batch_size "
-                    f"{per_device} x gradient_accumulation_steps x {w} process(es) ({train} / {per_device * w} = "
-                    f"{train / (per_device * w):.4g})",
-                )
-            )
-            return None, problems
-        ga_derived = True
-    elif train is not None:
-        ga = get("gradient_accumulation_steps")
-        if train % (ga * w):
-            problems.append(
-                Problem(
-                    "train_batch_size",
-                    f"{train} must be divisible by gradient_accumulation_steps x world size = {ga} x {w} = {ga * w}",
-                )
-            )
-            return None, problems
-        per_device = train // (ga * w)
-        if ints["per_device_train_batch_size"] and ints["per_device_train_batch_size"] != per_device:
-            problems.append(
-                Problem(
-                    "per_device_train_batch_size",
-                    f"{ints['per_device_train_batch_size']} contradicts train_batch_size {train} / "
-                    f"(gradient_accumulation_steps {ga} x {w} process(es)) = {per_device}",
-                )
-            )
-            return None, problems
-    else:
-        per_device, ga = get("per_device_train_batch_size"), get("gradient_accumulation_steps")
-        train = per_device * ga * w
-
-    if ints["rollout_batch_size"]:
-        rollout = ints["rollout_batch_size"]
-    elif ints["generation_batch_size"]:
-        rollout = ints["generation_batch_size"]
-    elif ints["steps_per_generation"]:
-        rollout = ints["steps_per_generation"] * per_device * w
-    else:
-        rollout = train
-    if rollout % group:
-        problems.append(Problem("rollout_batch_size", f"{rollout} is not a whole number of groups of {group}"))
-    if train < group:
-        problems.append(Problem("train_batch_size", f"{train} is smaller than one group ({group})"))
-    if rollout % train:
-        problems.append(Problem("rollout_batch_size", f"{rollout} is not a whole number of train batches of {train}"))
-    if rollout % (per_device * w):
-        problems.append(
-            Problem(
-                "rollout_batch_size",
-                f"{rollout} does not split into per-device {per_device} x {w} process(es) (TRL: generation_batch_size "
-                "must be divisible by the global batch)",
-            )
-        )
+    group = ints["group_size"] or ints["num_generations"] or trl_default("num_generations")
+    epochs = ints["epochs_per_rollout_batch"] or ints["num_iterations"] or trl_default("num_iterations")
+    split, problem = _train_split(ints, w)
+    if problem is not None:
+        return None, [problem]
+    rollout, problems = _rollout_problems(ints, split, group, w)
     if problems:
         return None, problems
-    steps_per_generation = rollout // (per_device * w)
-    micro = epochs * steps_per_generation
-    if micro % ga:
-        problems.append(
-            Problem(
-                "gradient_accumulation_steps",
-                f"{micro} micro-batches per rollout ({epochs} epoch(s) x {steps_per_generation}) is not a whole "
-                f"number of optimizer steps of GA {ga}",
-            )
-        )
+    steps_per_generation = rollout // (split.per_device * w)
+    per_rollout, problems = whole_optimizer_steps(steps_per_generation, epochs, split.ga)
+    if problems:
         return None, problems
-    per_rollout = micro // ga
+    evaluation, problems = _eval_batches(values, ints, group, w)
+    if problems:
+        return None, problems
     n_grpo = ints["n_grpo_steps"]
-    max_steps = n_grpo * per_rollout if n_grpo else int(_value(values, "max_steps"))
-
-    eval_batch, eval_generations, requests = 0, 0, None
-    if _eval_on(values):
-        eval_batch = get("per_device_eval_batch_size")
-        eval_generations = ints["num_generations_eval"] or group
-        if (eval_batch * w) % eval_generations:
-            problems.append(
-                Problem(
-                    "per_device_eval_batch_size",
-                    f"the global eval batch {eval_batch} x {w} is not a multiple of the {eval_generations} "
-                    "completions per validation prompt (TRL)",
-                )
-            )
-            return None, problems
-        limit = values.get("eval_limit")
-        if limit:
-            prompts_per_call = eval_batch * w // eval_generations
-            requests = math.ceil(int(limit) / prompts_per_call)
     layout = BatchLayout(
         world_size=w,
         group_size=group,
         rollout_batch_size=rollout,
-        train_batch_size=train,
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=ga,
-        ga_derived=ga_derived,
+        train_batch_size=split.train,
+        per_device_train_batch_size=split.per_device,
+        gradient_accumulation_steps=split.ga,
+        ga_derived=split.ga_derived,
         steps_per_generation=steps_per_generation,
         num_iterations=epochs,
         optimizer_steps_per_rollout=per_rollout,
         n_grpo_steps=n_grpo,
-        max_steps=max_steps,
-        per_device_eval_batch_size=eval_batch,
-        eval_generations=eval_generations,
-        eval_requests=requests,
+        max_steps=n_grpo * per_rollout if n_grpo else int(_value(values, "max_steps")),
+        per_device_eval_batch_size=evaluation[0],
+        eval_generations=evaluation[1],
+        eval_requests=evaluation[2],
     )
     return layout, []
 
@@ -319,7 +362,7 @@ def suggest_batch_fixes(values: Mapping[str, Any], world_size: int) -> list[str]
     rollout = values.get("rollout_batch_size")
     if train and rollout and int(rollout) % int(train) == 0:
         ratio = int(rollout) // int(train)
-        group = int(values.get("group_size") or values.get("num_generations") or 8)
+        group = int(values.get("group_size") or values.get("num_generations") or trl_default("num_generations"))
         per_device = int(values.get("per_device_train_batch_size") or 1)
         step = math.lcm(per_device * world_size, group)
         for candidate in sorted({max(step, int(train) // step * step), (int(train) // step + 1) * step}):

@@ -14,15 +14,15 @@ UUIDs (`GPU-...`) are matched by UUID.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from trl_ext.preflight.driver import nvidia_smi
 from trl_ext.preflight.environment import world_size_from_env
 from trl_ext.preflight.problems import Problem
 
 PCI_BUS_ID = "PCI_BUS_ID"
-NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,memory.total,memory.free", "--format=csv,noheader,nounits")
+NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,memory.total,memory.free", "--format=csv,noheader,nounits")
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,7 @@ def parse_gpu_memory(text: str) -> list[GpuMemory]:
 
 def nvidia_smi_gpus() -> list[GpuMemory]:
     """Every GPU per nvidia-smi (PCI bus order); empty without nvidia-smi."""
-    try:
-        listing = subprocess.run(NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_gpu_memory(listing.stdout)
+    return parse_gpu_memory(nvidia_smi(*NVIDIA_SMI_QUERY))
 
 
 def gpus_memory(gpu_ids: Sequence[str], gpus: Sequence[GpuMemory]) -> tuple[float, float] | None:

@@ -59,10 +59,11 @@ def driver_problem(nvidia_smi_output: str, torch_cuda: str, what: str = "torch")
     )
 
 
-def nvidia_smi_output() -> str:
-    """Plain `nvidia-smi` output, or "" without a working nvidia-smi."""
+def nvidia_smi(*args: str) -> str:
+    """What `nvidia-smi ARGS` prints (plain: the header with the driver; `--query-gpu=...`: the GPUs, read by
+    `trl_ext.preflight.context.nvidia_smi_gpus`), or "" without a working nvidia-smi: the one place that runs it."""
     try:
-        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60, check=False).stdout
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=60, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-cuda", required=True, help="CUDA version of the torch build, e.g. 13.0.")
     parser.add_argument("--what", default="the torch build about to be installed", help="The build, for messages.")
     args = parser.parse_args(argv)
-    output = nvidia_smi_output()
+    output = nvidia_smi()
     problem = driver_problem(output, args.torch_cuda, args.what)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

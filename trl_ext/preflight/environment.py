@@ -12,9 +12,8 @@ import importlib.util
 import os
 import re
 import socket
-import subprocess
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,24 +216,3 @@ def warn_once(message: str, environ: Mapping[str, str] | None = None) -> None:
     """Print a preflight warning on stderr from the main process only."""
     if message and is_main_process(environ):
         print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def nvidia_smi_memory_gib(gpu_ids: Sequence[str] = ()) -> float | None:
-    """The smallest total memory, in GiB, of `gpu_ids` (all GPUs when empty) per `nvidia-smi`; None without it."""
-    try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    sizes = {}
-    for line in listing.stdout.splitlines():
-        index, _, mib = line.partition(",")
-        if mib.strip().isdigit():
-            sizes[index.strip()] = int(mib.strip()) / 1024
-    chosen = [sizes[g] for g in gpu_ids if g in sizes] if gpu_ids else list(sizes.values())
-    return min(chosen) if chosen else None

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_ext.preflight.async_plan import available_host_bytes, check_async, plan_async
+from trl_ext.host import available_memory_bytes
+from trl_ext.preflight.async_plan import check_async, plan_async
 from trl_ext.preflight.attention import choose_attention, requested_attention
 from trl_ext.preflight.batch import BatchLayout, check_batches, micro_batch_choices, suggest_batch_fixes
 from trl_ext.preflight.context import RunContext
@@ -44,10 +45,7 @@ from trl_ext.preflight.setup import (
     training_setup,
     two_byte_dtype,
 )
-
-# TRL 1.16 GRPOConfig defaults: `vllm_group_port` and `vllm_server_port` (`trl_ext.launch` reads the latter too).
-TRL_GROUP_PORT = 51216
-TRL_SERVER_PORT = 8000
+from trl_ext.preflight.trl_defaults import trl_default
 
 
 @dataclass
@@ -149,7 +147,7 @@ def check_recipe(
         queued = plan_async(args, layout, PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS))
         if queued is not None:  # async rollouts: the staleness and the batch waiting in host memory
             report.lines += queued.render(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max)
-            report.problems += check_async(queued, available_host_bytes())
+            report.problems += check_async(queued, available_memory_bytes())
         _memory_and_disk(report, task, script_args, args, model_args, layout, values)
     _semantics(report, script_args, args, model_args)
     _group_port(report, args)
@@ -324,7 +322,7 @@ def _group_port(report: Preflight, args) -> None:
     launcher picks free ports before this check; the server's own port is the launcher's to check."""
     if not (args.use_vllm and args.vllm_mode == "server"):
         return
-    free, problems = choose_port("vllm_group_port", int(args.vllm_group_port), TRL_GROUP_PORT)
+    free, problems = choose_port("vllm_group_port", int(args.vllm_group_port), trl_default("vllm_group_port"))
     report.problems += problems
     state = "free" if free is not None else "in use"
     report.lines.append(

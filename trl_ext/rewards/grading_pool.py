@@ -35,6 +35,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 __all__ = ["DEFAULT_WORKERS", "GradingPool", "GradingTimeout", "configure_grading_pool", "get_grading_pool"]
 
 
@@ -49,7 +51,6 @@ def _cpu_count() -> int:
 # at most 16 (each holds sympy, ~150 MB, mostly shared with the template).
 DEFAULT_WORKERS = max(2, min(16, _cpu_count()))
 WORKERS_ENV = "TRL_EXT_GRADING_WORKERS"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class GradingTimeout(Exception):
@@ -57,7 +58,7 @@ class GradingTimeout(Exception):
 
 
 class _Worker:
-    __slots__ = ("buffer", "pid", "pidfd", "slow_at", "slow_cpu", "sock")
+    __slots__ = ("buffer", "pid", "pidfd", "process", "slow_at", "slow_cpu", "sock")
 
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid, self.sock, self.buffer = pid, sock, b""
@@ -68,18 +69,24 @@ class _Worker:
             self.pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
         except OSError:  # already gone: reads see EOF and the pool replaces it
             self.pidfd = None
+        try:
+            self.process = psutil.Process(pid)
+        except psutil.Error:
+            self.process = None
 
     def cpu_seconds(self) -> float | None:
-        """CPU time this process has used (Linux: /proc), or None where unknown."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
-        except (OSError, IndexError, ValueError):
+        """User + system CPU seconds this process has used (psutil), or None where unknown."""
+        if self.process is None:
             return None
+        try:
+            times = self.process.cpu_times()
+        except (psutil.Error, OSError):
+            return None
+        return times.user + times.system
 
     def start(self, timeout: float) -> None:
         """Mark a comparison as begun: it counts as slow (likely pathological) after half its cap on the clock or
-        a quarter of it in CPU time (where /proc tells)."""
+        a quarter of it in CPU time (where the machine tells)."""
         cpu = self.cpu_seconds()
         self.slow_at = time.monotonic() + timeout / 2
         self.slow_cpu = math.inf if cpu is None else cpu + timeout / 4

@@ -32,6 +32,7 @@ from collections import deque
 import torch
 
 from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
+from trl_ext.preflight.batch import batch_error, whole_optimizer_steps
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,12 @@ def optimizer_steps_per_generation(args) -> int:
     Raises:
         ValueError: not a whole number (then a generation batch would start inside an optimizer step).
     """
-    every, accumulation = args.steps_per_generation * args.num_iterations, args.gradient_accumulation_steps
-    if every % accumulation:
-        raise ValueError(
-            f"async_rollouts needs whole optimizer steps per generation batch, but steps_per_generation * "
-            f"num_iterations = {args.steps_per_generation} * {args.num_iterations} = {every} is not a multiple of "
-            f"gradient_accumulation_steps={accumulation}; change one of them (in seed terms: rollout_batch_size * "
-            "epochs_per_rollout_batch must be a multiple of train_batch_size)"
-        )
-    return every // accumulation
+    steps, problems = whole_optimizer_steps(
+        args.steps_per_generation, args.num_iterations, args.gradient_accumulation_steps
+    )
+    if problems:
+        raise batch_error(problems[0])
+    return steps
 
 
 def check_async_rollouts_config(args) -> None:

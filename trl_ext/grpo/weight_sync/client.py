@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from trl.generation.vllm_client import VLLMClient
 
 from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
 from trl_ext.grpo.weight_sync.wire import CHUNK_BYTES, GlooLink, chunk_plan, local_address_towards, send_chunks
+from trl_ext.host import log_tail
 
 TAIL_LINES = 15
 
@@ -74,16 +74,6 @@ def server_log() -> str | None:
 
 class VLLMServerError(RuntimeError):
     """The vLLM server did not answer a weight sync or a generation request; the message names it and its log."""
-
-
-def _log_tail(path: str | None, lines: int = TAIL_LINES) -> str:
-    if path is None:
-        return ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines)).rstrip()
-    except OSError:
-        return "(the log cannot be read)"
 
 
 # What a request or a broadcast raises when the server is gone: requests' errors, gloo's (RuntimeError), timeouts.
@@ -134,7 +124,7 @@ class GlooVLLMClient(VLLMClient):
         cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         message = f"the vLLM server at {self.base_url}: {what}{cause}"
         if self.log_path:
-            message += f". Server log: {self.log_path}; last lines:\n{_log_tail(self.log_path)}"
+            message += f". Server log: {self.log_path}; last lines:\n{log_tail(self.log_path, TAIL_LINES)}"
         else:
             message += " (is it still running? its log would tell)"
         return VLLMServerError(message)
