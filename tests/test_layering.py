@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets"),
+    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "vllm_cpu"),
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),

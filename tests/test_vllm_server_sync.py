@@ -65,12 +65,9 @@ def _start_server(root: Path, model: str, marker: str):
     port = free_port()
     args, _ = cpu_server_args(SERVER_ARGS.split(), None, "float32")
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
+    # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
+    # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
     env = child_env(TRL_EXT_TEST_MARK=marker)
-    # vLLM 0.31's CPU sampler (`compiled_random_sample`, torch.compile'd), compiled for AVX2, never samples about half
-    # of the vocabulary (2,000 draws from this model: 52 of 103 tokens seen; 98 with AVX-512 kernels, 102 with AVX2
-    # and TORCHDYNAMO_DISABLE=1, the same code eager): the server runs the machine's own kernels, the trainer whatever
-    # ATEN_CPU_CAPABILITY says (the outcome-matrix rule is about the trainer's float rounding).
-    env.pop("ATEN_CPU_CAPABILITY", None)
     command = Command(command.argv, env)
     server = ServerProcess(command, root / "server.log", f"http://127.0.0.1:{port}/health", grace=5)
     server.start()
