@@ -39,6 +39,7 @@ from trl_ext.launch.planning import (
     trainer_command,
     url_host,
 )
+from trl_ext.launch.server_place import cpu_server_place, gpu_server_place, proposed_server_gpus, with_server_place
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 
@@ -134,7 +135,7 @@ def plan_launch(
             cpu = split_cores(cpus)
             vllm_args, kv_note = cpu_server_args(vllm_args, serving.gpu_memory_utilization, serving.compute_dtype)
         elif not free:
-            raise LaunchError(_no_free_gpu(setup, train, available, source))
+            raise LaunchError(_no_free_gpu(setup, train, available, source, (serving.model, vllm_tp, vllm_dp)))
         else:
             shape, _ = load_model_shape(serving.model)
             server_gpus, tp, dp = server_parallelism(free, vllm_tp, vllm_dp, shape)
@@ -184,6 +185,9 @@ def plan_launch(
     trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
     if cpu is not None:
         trainer = with_server_log(pin(trainer, cpu.train_cores), server_log)
+    if server is not None:  # the trainer's preflight names this server (trl_ext.launch.server_place)
+        place = cpu_server_place(cpu.server_cores) if cpu else gpu_server_place(server_gpus, tp, dp)
+        trainer = with_server_place(trainer, place)
     report = checked[1] if checked else None
     common = dict(
         trainer=trainer,
@@ -238,7 +242,9 @@ def _no_server_note(setup: AccelerateSetup, serving: RecipeServing, config) -> s
     )
 
 
-def _no_free_gpu(setup: AccelerateSetup, train: list[str], available: list[str], source: str) -> str:
+def _no_free_gpu(
+    setup: AccelerateSetup, train: list[str], available: list[str], source: str, serve=(None,) * 3
+) -> str:
     message = (
         f"no free GPU left for the vLLM server: accelerate config {setup.path} trains on {train} and "
         f"{len(available)} GPU(s) are available (from {source}): {available}. Train on fewer GPUs"
@@ -247,7 +253,7 @@ def _no_free_gpu(setup: AccelerateSetup, train: list[str], available: list[str],
     if setup.gpu_ids is None and len(available) > 1:
         message += (
             f" (--num-processes {half}: training on {','.join(available[:half])}, the server on "
-            f"{','.join(available[half:])})"
+            f"{','.join(proposed_server_gpus(available[half:], *serve))})"
         )
     else:
         message += " (`gpu_ids`, `num_processes`)"
