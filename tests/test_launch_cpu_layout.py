@@ -65,6 +65,17 @@ def test_cpu_server_args_add_only_what_is_not_stated(vllm_args, share, dtype, ex
     assert ("is not used" in note) == (share is not None and KV[0] in args)
 
 
+@pytest.mark.parametrize("flag", ["--speculative-config", "--speculative_config={}", "--num-speculative-tokens"])
+def test_speculative_decoding_on_the_cpu_server_is_refused_naming_the_flag(flag):
+    """vLLM 0.31's CPU server answers TRL's `logprobs=0` requests with HTTP 400 when it decodes speculatively
+    (tests/scripts/record_vllm_completions.py): refused before the server starts, with the fix."""
+    from trl_ext.launch.configs import LaunchError
+
+    name = flag.split("=")[0].lstrip("-").replace("_", "-")
+    with pytest.raises(LaunchError, match=rf"--vllm-args --{name}: .*HTTP 400.*remove --{name} from --vllm-args"):
+        cpu_server_args([flag, '{"method": "ngram"}'], None)
+
+
 @pytest.fixture
 def cpu_machine(tmp_path, monkeypatch):
     """A 2-core machine with vLLM's CPU build and no GPU; the recipe's relative paths resolve under `tmp_path`."""
