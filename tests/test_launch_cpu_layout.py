@@ -15,6 +15,7 @@ from trl_ext.grpo.weight_transfer import BACKEND, SERVER_LOG_ENV
 from trl_ext.launch import plan_launch
 from trl_ext.launch.cpu_layout import CPU_KV_CACHE_BYTES, cpu_server_args, pin, split_cores
 from trl_ext.launch.planning import Command
+from trl_ext.launch.server_place import server_place_env
 from trl_ext.preflight.context import LAUNCH_SERVER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,16 +109,16 @@ def test_the_cpu_server_recipe_plans_pinned_server_and_trainer(cpu_machine):
     with our weight-transfer backend, float32 as the trainer, a 256 MiB KV cache instead of the recipes' 0.85 share of
     RAM) under `taskset -c 0`, the trainer under `taskset -c 1` told where the server logs; the preflight's plan and
     the launch notes say so; the recipe's tiny model is built before anything reads it."""
-    plan = _plan(cpu_machine)  # the trainer is told where the server runs, for its own preflight line (issue 36)
+    plan = _plan(cpu_machine)
     server, trainer = plan.server.argv, plan.trainer.argv
     assert server[:3] == ("taskset", "-c", "0") and server[3].endswith("trl") and server[4] == "vllm-serve"
     assert server[server.index("--model") + 1] == "runs/tiny_models/countdown_cpu"
     tail = list(server[server.index("--host") + 2 :])
     assert tail == TRANSFER + SAMPLER + ["--dtype", "float32"] + KV  # no --gpu_memory_utilization
     assert trainer[:3] == ("taskset", "-c", "1") and trainer[4] == "launch"
+    assert plan.trainer.env == {"CUDA_VISIBLE_DEVICES": "", SERVER_LOG_ENV: str(plan.server_log)}
     place = "CPU core(s) 0 (vLLM's CPU build; weights synced over gloo), started by trl-ext launch"
-    expected_env = {"CUDA_VISIBLE_DEVICES": "", SERVER_LOG_ENV: str(plan.server_log), LAUNCH_SERVER_ENV: place}
-    assert plan.trainer.env == expected_env
+    assert server_place_env(plan) == {LAUNCH_SERVER_ENV: place}  # what the launcher adds when it starts the trainer
     text = plan.render()
     assert "gpus:    training on CPU core(s) 1 (1 process(es)); vLLM server on CPU core(s) 0" in text
     assert "vLLM server pinned to core(s) 0, trainer to core(s) 1 (taskset -c)" in text
@@ -139,7 +140,7 @@ def test_the_trainers_own_preflight_names_the_server_the_launcher_started(cpu_ma
         return next(text for text in report.render().splitlines() if text.strip().startswith("gpus:"))
 
     launched = "vLLM server on CPU core(s) 0 (vLLM's CPU build; weights synced over gloo), started by trl-ext launch"
-    assert line(plan.trainer.env).endswith(launched)
+    assert line({**plan.trainer.env, **server_place_env(plan)}).endswith(launched)
     assert line({}).endswith("vLLM server on a server you start (vllm_server_host)")
 
 

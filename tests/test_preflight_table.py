@@ -13,6 +13,7 @@ from conftest import shared_path
 
 from trl_ext.launch import plan_launch, tensor_parallel_sizes
 from trl_ext.launch.configs import LaunchError
+from trl_ext.launch.server_place import server_place_env
 from trl_ext.launch.table import EVERY_RECIPE_LAYOUTS, MEANT_FOR, model_recipes, pairs, plan_row
 from trl_ext.preflight import load_model_shape
 from trl_ext.preflight.context import LAUNCH_SERVER_ENV
@@ -142,7 +143,7 @@ def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
     plan = _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4, num_processes=2)
     assert plan.trainer.argv[4:6] == ("--num_processes", "2") and plan.report.layout.world_size == 2
     assert (plan.train_gpus, plan.server_gpus, plan.tp) == (("0", "1"), ("2",), 1)  # TP 1 by the rule: GPU 3 idle
-    assert plan.trainer.env[LAUNCH_SERVER_ENV] == "GPU(s) 2 (tp 1, dp 1), started by trl-ext launch"
+    assert server_place_env(plan) == {LAUNCH_SERVER_ENV: "GPU(s) 2 (tp 1, dp 1), started by trl-ext launch"}
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):

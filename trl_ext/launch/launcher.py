@@ -39,7 +39,7 @@ from trl_ext.launch.planning import (
     trainer_command,
     url_host,
 )
-from trl_ext.launch.server_place import cpu_server_place, gpu_server_place, proposed_server_gpus, with_server_place
+from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 
@@ -185,9 +185,6 @@ def plan_launch(
     trainer = trainer_command(accelerate_config, recipe, config, extra, trainer_env, train_cmd, launch_args)
     if cpu is not None:
         trainer = with_server_log(pin(trainer, cpu.train_cores), server_log)
-    if server is not None:  # the trainer's preflight names this server (trl_ext.launch.server_place)
-        place = cpu_server_place(cpu.server_cores) if cpu else gpu_server_place(server_gpus, tp, dp)
-        trainer = with_server_place(trainer, place)
     report = checked[1] if checked else None
     common = dict(
         trainer=trainer,
