@@ -27,6 +27,7 @@ from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
 from trl_ext.grpo.sampling import DynamicSamplingMixin
 from trl_ext.grpo.vllm_sync import install_colocate_weight_sync
+from trl_ext.grpo.watchdog import install_trainer_watchdog
 from trl_ext.grpo.weight_transfer import server_weight_sync
 from trl_ext.objectives import (
     REDUCTIONS,
@@ -113,6 +114,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
         install_colocate_weight_sync(self)  # TRL's colocated weight sync fails on vLLM's CPU backend
+        install_trainer_watchdog(self)  # server mode: a stalled sync or request stops the run, saying where
         # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
