@@ -36,7 +36,6 @@ from trl_ext.evaluation.transformers_backend import generate_transformers
 from trl_ext.grpo.vllm_sync import sync_weights_cpu
 from trl_ext.grpo.watchdog import install_server_watchdog
 from trl_ext.grpo.weight_transfer import server_weight_sync
-from trl_ext.vllm_cpu import fix_engine_sampler
 
 VLLM_MODES = ("colocate", "server")
 
@@ -253,7 +252,6 @@ class ValidatingSFTTrainer(SFTTrainer):
 
             if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (trl_ext.grpo.vllm_sync)
                 generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
-                fix_engine_sampler(generation.llm)  # vLLM's compiled CPU sampler skips tokens on AVX2
         # Server mode: a stalled sync or request stops the run, saying where (trl_ext.grpo.watchdog).
         install_server_watchdog(generation, generation.server_timeout, lambda: self.state.global_step)
         self.vllm_generation = generation

@@ -23,8 +23,6 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 
-from trl_ext.vllm_cpu import fix_engine_sampler
-
 
 def _named_params(vllm_generation) -> Iterator[tuple[str, object]]:
     # vLLM buffers a layer's tensors until all of them arrived; a copy stays valid after TRL's gather context ends.
@@ -78,8 +76,7 @@ def install_colocate_weight_sync(trainer) -> bool:
         trainer: a `trl.GRPOTrainer` (or subclass).
 
     Returns:
-        True when the sync was replaced (colocate mode on vLLM's CPU platform); the engine's sampler then gets
-        `trl_ext.vllm_cpu`'s fix too.
+        True when the sync was replaced (colocate mode on vLLM's CPU platform).
     """
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     if generation is None or generation.mode != "colocate":
@@ -89,5 +86,4 @@ def install_colocate_weight_sync(trainer) -> bool:
     if not current_platform.is_cpu():
         return False
     generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
-    fix_engine_sampler(generation.llm)  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
     return True
