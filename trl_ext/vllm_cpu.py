@@ -11,10 +11,10 @@ The fix is vLLM's own `use_fp64_gumbel` setting (`--use-fp64-gumbel` for `vllm s
 `LLM(use_fp64_gumbel=True)`): with it `TopKTopPSampler.forward_cpu` skips the compiled kernel and samples eagerly
 (`exponential_` in float64, then `argmax(probs / noise)`), the same exponential-race sampling without inductor. It
 touches nothing else (the model still runs as configured), which is narrower than `TORCHDYNAMO_DISABLE=1` (every
-torch.compile of the process). The places that start a CPU engine apply it: the launcher's CPU server layout
-(`trl_ext.launch.cpu_layout`), the evaluation's vLLM backend (`trl_ext.evaluation.vllm_backend`), a GRPO engine
-colocated on the CPU (`trl_ext.grpo.vllm_sync`), and the tests' servers. benchmarks/vllm_cpu_sampler.py measures what
-it costs in tokens/s.
+torch.compile of the process). The launcher's CPU server layout (`trl_ext.launch.cpu_layout`), the evaluation's
+vLLM backend (`trl_ext.evaluation.vllm_backend`) and the tests' servers apply it; an engine colocated on the CPU (TRL
+builds it) can get it with `fix_engine_sampler`, not applied yet (docs/launch.md says why).
+benchmarks/bench_vllm_cpu_sampler.py measures what it costs in tokens/s.
 
 Imports nothing heavy: vLLM objects are only touched where they are passed in.
 """
