@@ -146,12 +146,14 @@ def test_vllm_sampling_kwargs_are_the_seeds():
 def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
     """On vLLM's CPU build the float32 default stays float32 (vLLM's `auto` would run a float32 checkpoint in
     bfloat16 and the backends would disagree), and the KV cache gets an explicit size unless vLLM's own
-    VLLM_CPU_KVCACHE_SPACE sets it (else vLLM reserves 90% of the machine's RAM)."""
+    VLLM_CPU_KVCACHE_SPACE sets it (else vLLM reserves 90% of the machine's RAM); the sampler runs with vLLM's
+    `use_fp64_gumbel` (eager, not the compiled kernel that skips tokens on AVX2)."""
     from trl_ext.evaluation.vllm_backend import CPU_KV_CACHE_BYTES
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cfg = EvalConfig(model="m", seed=5)
     expected = {"model": "m", "seed": 5, "dtype": "float32", "enforce_eager": True, "max_model_len": 300}
+    expected["use_fp64_gumbel"] = True  # the sampler fix (trl_ext.vllm_cpu; tests/test_vllm_sampler.py)
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == {**expected, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == expected

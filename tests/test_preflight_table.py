@@ -13,8 +13,10 @@ from conftest import shared_path
 
 from trl_ext.launch import plan_launch, tensor_parallel_sizes
 from trl_ext.launch.configs import LaunchError
+from trl_ext.launch.server_place import server_place_env
 from trl_ext.launch.table import EVERY_RECIPE_LAYOUTS, MEANT_FOR, model_recipes, pairs, plan_row
 from trl_ext.preflight import load_model_shape
+from trl_ext.preflight.context import LAUNCH_SERVER_ENV
 from trl_ext.preflight.memory import GIB
 from trl_ext.recipes import cli_overrides, load_recipe_yaml
 
@@ -135,11 +137,13 @@ def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
     launcher could not pass --num_processes. The refusal now names `--num-processes 2`, which plans (accelerate
     gets --num_processes 2)."""
     out = ["--output_dir", str(tmp_path / "run")]
-    with pytest.raises(LaunchError, match=r"--num-processes 2: training on 0,1, the server on 2,3"):
+    # The server GPUs the fix names are those the tensor-parallel rule gives it on the rest (issue 36): 2, not 2,3.
+    with pytest.raises(LaunchError, match=r"--num-processes 2: training on 0,1, the server on 2\)"):
         _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4)
     plan = _plan(CONFIGS / "zero3.yaml", SEED000, *out, num_gpus=4, num_processes=2)
     assert plan.trainer.argv[4:6] == ("--num_processes", "2") and plan.report.layout.world_size == 2
     assert (plan.train_gpus, plan.server_gpus, plan.tp) == (("0", "1"), ("2",), 1)  # TP 1 by the rule: GPU 3 idle
+    assert server_place_env(plan) == {LAUNCH_SERVER_ENV: "GPU(s) 2 (tp 1, dp 1), started by trl-ext launch"}
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):

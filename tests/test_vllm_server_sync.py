@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -52,6 +53,7 @@ LOGP_TOL = 1e-4  # float32 server vs float32 forward; measured <= 6e-6
 MOVED = 1.0  # training moved the checked log-probs at least this much (measured 2 to 7): a stale server fails
 IS_TOL = 1e-3  # |mean importance-sampling ratio - 1|; measured <= 4e-6
 LEARN_STEPS, WINDOW, RISE = 12, 2, 0.25
+STALL_TIMEOUT = 30.0  # vllm_server_timeout of the stall runs: the watchdog's bound (a generation takes 1-10 s)
 TIMEOUT = 300.0  # vllm_server_timeout of the runs: the wait for the server, and the bound on every sync request
 SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-memory-bytes {KV_CACHE_BYTES}"
 
@@ -65,12 +67,9 @@ def _start_server(root: Path, model: str, marker: str):
     port = free_port()
     args, _ = cpu_server_args(SERVER_ARGS.split(), None, "float32")
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
+    # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
+    # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
     env = child_env(TRL_EXT_TEST_MARK=marker)
-    # vLLM 0.31's CPU sampler (`compiled_random_sample`, torch.compile'd), compiled for AVX2, never samples about half
-    # of the vocabulary (2,000 draws from this model: 52 of 103 tokens seen; 98 with AVX-512 kernels, 102 with AVX2
-    # and TORCHDYNAMO_DISABLE=1, the same code eager): the server runs the machine's own kernels, the trainer whatever
-    # ATEN_CPU_CAPABILITY says (the outcome-matrix rule is about the trainer's float rounding).
-    env.pop("ATEN_CPU_CAPABILITY", None)
     command = Command(command.argv, env)
     server = ServerProcess(command, root / "server.log", f"http://127.0.0.1:{port}/health", grace=5)
     server.start()
@@ -103,11 +102,15 @@ def runs(tmp_path_factory):
                   "--port", str(port), "--model", model, "--group-port", str(free_port())]  # fmt: skip
         run_checked(finish, 900, root / "finish_reasons.log", TRL_EXT_TEST_MARK=trainer_mark)  # issue 32 item 5
         result["async"] = run_async(root, port, model)  # issue 30: async rollouts against this server
+        # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
+        # sync cut short leaves the server mid-reload: the next trainer's first sync, before it generates, completes
+        # it).
+        result["stall"] = {run: _stall(root, out, port, model, run, server) for run in ("stall_gen", "stall_sync")}
         marker = root / "kill.marker"
         argv = [
             sys.executable,
             str(SCRIPTS / "vllm_server_sync.py"),
-            *_script_args(out, port, model, "exact,padding_free,peft,learn,kill"),
+            *_script_args(out, port, model, "exact,padding_free,peft,learn,resume_full,resume,ei,kill"),
             "--kill-marker",
             str(marker),
         ]
@@ -135,6 +138,45 @@ def runs(tmp_path_factory):
         for pid in marked_processes(server_mark) + marked_processes(trainer_mark):
             os.kill(pid, signal.SIGKILL)  # nothing left for the next module, whatever the assertions say
     return result
+
+
+def _stall(root: Path, out: Path, port: int, model: str, run: str, server) -> dict:
+    """Runs `run` (tests/scripts/vllm_server_sync.py) with `vllm_server_timeout` STALL_TIMEOUT; when it signals its
+    pause, stops the server's process group (SIGSTOP), lets it go on, and times its exit; then resumes the server."""
+    marker, mark = root / f"{run}.marker", uuid.uuid4().hex
+    server.wait_healthy(900)  # the runs' short timeout is also their wait for the server
+    argv = [sys.executable, str(SCRIPTS / "vllm_server_sync.py"), *_script_args(out, port, model, run),
+            "--timeout", str(STALL_TIMEOUT), "--stall-marker", str(marker)]  # fmt: skip
+    env = child_env(TRL_EXT_TEST_MARK=mark, TRL_EXT_VLLM_SERVER_LOG=str(server.log_path))
+    record: dict = {}
+    with open(root / f"{run}.log", "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            if marker.exists():
+                os.killpg(server.pid, signal.SIGSTOP)
+                record["stopped"] = time.monotonic()
+                Path(f"{marker}.ack").write_text("")
+            try:
+                record["code"] = proc.wait(timeout=STALL_TIMEOUT + 60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                record["code"] = proc.wait()
+            record["exited"] = time.monotonic()
+            record["left"] = marked_processes(mark)
+        finally:
+            os.killpg(server.pid, signal.SIGCONT)
+    if run == "stall_sync":
+        # The stopped trainer left the server mid-update (vLLM refuses the next `start_weight_update` until it is
+        # finished); finishing it with nothing received puts the previous weights back (vLLM's layerwise reload).
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/finish_weight_update", data=b"{}", method="POST")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=300) as response:
+            record["finished"] = response.status
+    record["output"] = (root / f"{run}.log").read_text(errors="replace")
+    return record
 
 
 def _checks(runs: dict, name: str) -> list[dict]:
@@ -193,7 +235,10 @@ def test_server_killed_mid_run_stops_the_trainer_naming_the_servers_log(runs):
     record = runs["runs"]["kill"]
     assert record["global_step"] == 1
     error = record["error"]
-    assert error.startswith("VLLMServerError: the vLLM server at http://127.0.0.1:")
+    # The watchdog's wrapper names the step first (issue 36), then the client's error naming the server.
+    assert error.startswith(
+        "ServerSyncError: weight sync at step 1 failed: VLLMServerError: the vLLM server at http://"
+    )
     assert f"Server log: {runs['server_log']}; last lines:" in error
     assert runs["trainer_left"] == [] and runs["server_left"] == []
 
@@ -217,3 +262,66 @@ def test_finished_follows_the_servers_own_finish_reason(runs):
         assert "length" in {row["reason"] for row in rows}
     special = record["special_stop"]["rows"]
     assert sum(row["reason"] == "stop" and not row["tail_rule"] for row in special) >= 4
+
+
+@pytest.mark.parametrize(
+    "run, where",
+    [("stall_gen", "generation request (generate) at step 1 "), ("stall_sync", "weight sync at step 1, tensor '")],
+)
+def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs, run, where):
+    """Issue 36: the server's process group stopped (SIGSTOP) just before a generation request (TRL's request has no
+    timeout of its own: without the watchdog it waits forever) or in the middle of a weight sync (after the third
+    tensor was handed over): the trainer ends within `vllm_server_timeout` (30 s) plus 5 s of the stop, its output
+    names the step, the operation and for the sync the tensor, with the server log's last lines, and no process of
+    it is left. The watchdog ends it with exit code 3; the gloo sync may instead fail on its own bounded wait (exit
+    1, `ServerSyncError` with the same facts)."""
+    from trl_ext.grpo.weight_sync.watchdog import STALL_EXIT_CODE
+
+    record = runs["stall"][run]
+    assert "stopped" in record, record["output"][-4000:]
+    assert record["code"] in (STALL_EXIT_CODE, 1), record["output"][-4000:]
+    assert record["exited"] - record["stopped"] <= STALL_TIMEOUT + 5, record["output"][-4000:]
+    if record["code"] == STALL_EXIT_CODE:
+        assert f"vLLM server watchdog: {where}" in record["output"], record["output"][-4000:]
+        assert f"last 20 lines of the server log {runs['server_log']}:" in record["output"]
+    else:
+        assert f"ServerSyncError: {where}" in record["output"], record["output"][-4000:]
+    assert record["left"] == []
+
+
+def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_uninterrupted_one(runs):
+    """Issue 36: 4 steps with a checkpoint at step 2 (`resume_full`), then a new trainer resumes from that checkpoint
+    (`resume`) against the same server, which holds the step-4 weights by then. At the resumed run's first generation
+    (after TRL's sync, before step 3) the server's greedy log-probs equal a forward of the trainer's resumed model
+    within 1e-4, and those weights are not the initial ones; steps 3-4 generate the same completions as the
+    uninterrupted run (fixed per-request seed) and log the same losses within 1e-5, rewards and gradient norms."""
+    full, resumed = _record(runs, "resume_full"), _record(runs, "resume")
+    check = resumed["after_resume"]
+    assert check["step"] == 2 and check["gap"] < LOGP_TOL and check["moved"] > MOVED, check
+    late = [g for g in full["generations"] if g["step"] >= 2]
+    assert [g["step"] for g in resumed["generations"]] == [g["step"] for g in late] == [2, 3]
+    assert [g["completion_ids"] for g in resumed["generations"]] == [g["completion_ids"] for g in late]
+    # GRPO's loss on fresh samples is ~1e-6 (the advantages sum to zero per group): the gradient norms and the
+    # rewards are compared too (measured: equal to the last digit; grad norms 2.2 and 3.7).
+    logged = {e["step"]: e for e in full["log_history"] if "loss" in e}
+    again = {e["step"]: e for e in resumed["log_history"] if "loss" in e and e["step"] > 2}
+    assert sorted(again) == [3, 4] and sorted(logged) == [1, 2, 3, 4]
+    for step, entry in again.items():
+        assert abs(entry["loss"] - logged[step]["loss"]) < 1e-5, (step, entry, logged[step])
+        assert abs(entry["grad_norm"] - logged[step]["grad_norm"]) < 1e-5 * logged[step]["grad_norm"], step
+        assert entry["reward"] == logged[step]["reward"] and logged[step]["grad_norm"] > 0.1, step
+
+
+def test_expert_iteration_syncs_the_server_over_gloo_exactly(runs):
+    """Issue 36: `ExpertIterationTrainer` in server mode on the CPU builds the gloo client GRPO uses (TRL's own
+    client needs NCCL): after 2 EI steps and TRL's sync the server's greedy log-probs equal the trainer's forward."""
+    record = _record(runs, "ei")
+    (check,) = record["checks"]
+    assert check["gap"] < LOGP_TOL and check["moved"] > 0.1, check
+
+
+def _record(runs: dict, name: str) -> dict:
+    record = runs["runs"].get(name)
+    assert record is not None, runs["output"][-4000:]
+    assert "error" not in record, record["error"]
+    return record

@@ -14,6 +14,15 @@ the server's weight transfer anew), and writes OUT_DIR/NAME.json (rank 0):
 - `learn`: a short run on the digit-share reward; TRL's logged rewards and `sampling/importance_sampling_ratio`.
 - `kill`: after step 1, writes FILE and waits for the server to stop answering (the test kills it); the next step's
   sync must fail: records the error and its time, then exits 1.
+- `resume_full` / `resume` (issue 36): 4 steps sampled with a fixed per-request seed (`generation_kwargs`), a
+  checkpoint at step 2; then a new trainer resumes from it for steps 3-4. Both record the completions of every
+  generation and TRL's logged losses; `resume` also records `server_check` at its first generation (after TRL's
+  sync, before the first post-resume step).
+- `ei` (issue 36): `ExpertIterationTrainer` in server mode (2 EI steps, every completion kept), the same gloo sync
+  as GRPO; after training, TRL's sync and `server_check` (recorded as its one check).
+- `stall_gen` / `stall_sync` (issue 36, the watchdog): at step 1, just before the generation request (`stall_gen`)
+  or after the third tensor handed to the weight sync (`stall_sync`), writes FILE (`--stall-marker`) and waits for
+  FILE.ack (the test has stopped the server with SIGSTOP); the watchdog must end the process.
 """
 
 from __future__ import annotations
@@ -62,7 +71,52 @@ def server_check(trainer, initial, prompts: list[list[int]]) -> dict:
     return {"step": trainer.state.global_step, "gap": gap, "moved": moved, "rows": rows}
 
 
+def make_ei_trainer(args, out_dir: Path, callbacks):
+    import torch
+    from datasets import Dataset
+    from helpers import free_port
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_ext.expert_iteration import ExpertIterationConfig, ExpertIterationTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    config = ExpertIterationConfig(
+        output_dir=str(out_dir / "ei"),
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        n_ei_steps=2,
+        questions_per_step=2,
+        keep_min_reward=0.0,
+        max_completion_length=MAX_TOKENS,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        lr_scheduler_type="constant",
+        seed=0,
+        bf16=False,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_host="127.0.0.1",
+        vllm_server_port=args.port,
+        vllm_group_port=free_port(),
+        vllm_server_timeout=args.timeout,
+    )
+    return ExpertIterationTrainer(
+        model,
+        id_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS * 8}),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
 def make_trainer(run: str, args, out_dir: Path, callbacks):
+    if run == "ei":
+        return make_ei_trainer(args, out_dir, callbacks)
     import torch
     from datasets import Dataset
     from helpers import free_port
@@ -73,13 +127,17 @@ def make_trainer(run: str, args, out_dir: Path, callbacks):
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     learn = run == "learn"
+    resume = run.startswith("resume")
+    extra = {}
+    if resume:  # a checkpoint at step 2; the same samples in both runs (vLLM seeds child i of a request with seed + i)
+        extra = dict(save_strategy="steps", save_steps=2, generation_kwargs={"seed": 11})
     config = AblationGRPOConfig(
         output_dir=str(out_dir / run),
         report_to="none",
         use_cpu=True,
-        save_strategy="no",
+        **({"save_strategy": "no"} if not resume else {}),
         logging_steps=1,
-        max_steps=args.steps,
+        max_steps=4 if resume else args.steps,
         max_completion_length=MAX_TOKENS,
         num_generations=4,
         **(LEARN if learn else CHECK),
@@ -96,6 +154,7 @@ def make_trainer(run: str, args, out_dir: Path, callbacks):
         vllm_server_timeout=args.timeout,
         vllm_importance_sampling_correction=True,
         **({"ddp_backend": "gloo"} if run == "ddp" else {}),
+        **extra,
     )
     peft_config = None
     if run == "peft":
@@ -141,7 +200,7 @@ def train(run: str, args, out_dir: Path) -> dict:
                     wait_until_down(args.port)
                     record["killed_at"] = time.time()
                 return
-            if run == "learn":
+            if run in ("learn", "ei") or run.startswith(("resume", "stall")):
                 return
             trainer.vllm_generation.sync_weights()  # TRL's own sync (a no-op with --no-sync), on every rank
             trainer._last_loaded_step = train_state.global_step  # TRL would sync again before the next generation
@@ -156,8 +215,16 @@ def train(run: str, args, out_dir: Path) -> dict:
     state["prompts"] = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in FIXED_PROMPTS]
     if args.no_sync:
         trainer.vllm_generation.sync_weights = lambda: None
+    if run.startswith(("resume", "stall")):
+        watch_generation(run, trainer, record, state, args)
     try:
-        trainer.train()
+        if run == "resume":
+            trainer.train(resume_from_checkpoint=str(out_dir / "resume_full" / "checkpoint-2"))
+        else:
+            trainer.train()
+        if run == "ei":  # the sync after the last SFT step, then the check
+            trainer.vllm_generation.sync_weights()
+            record["checks"].append(server_check(trainer, state["initial"], state["prompts"]))
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["failed_at"] = time.time()
@@ -171,6 +238,48 @@ def train(run: str, args, out_dir: Path) -> dict:
     return record
 
 
+def wait_for_ack(marker: Path) -> None:
+    marker.write_text(str(os.getpid()))
+    ack = Path(str(marker) + ".ack")
+    deadline = time.monotonic() + 120
+    while not ack.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def watch_generation(run: str, trainer, record: dict, state: dict, args) -> None:
+    """The resume runs record every generation's completions (and `resume` a server check at its first); the stall
+    runs pause where the test stops the server."""
+    generation = trainer.vllm_generation
+    client = generation.vllm_client
+    generate = client.generate
+    record["generations"] = []
+
+    def recording_generate(*a, **kw):
+        step = trainer.state.global_step
+        if run == "resume" and "after_resume" not in record:
+            record["after_resume"] = "pending"  # server_check generates through this wrapper too
+            record["after_resume"] = server_check(trainer, state["initial"], state["prompts"])
+        elif run == "stall_gen" and step == 1 and "stalled" not in record:
+            record["stalled"] = True
+            wait_for_ack(Path(args.stall_marker))
+        out = generate(*a, **kw)
+        if record.get("after_resume") != "pending":
+            record["generations"].append({"step": step, "completion_ids": out["completion_ids"]})
+        return out
+
+    client.generate = recording_generate
+    if run == "stall_sync":
+        tensors = generation._iter_named_params
+
+        def pausing_tensors(*a, **kw):
+            for index, item in enumerate(tensors(*a, **kw)):
+                yield item
+                if index == 2 and trainer.state.global_step == 1:
+                    wait_for_ack(Path(args.stall_marker))
+
+        generation._iter_named_params = pausing_tensors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -182,6 +291,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--no-sync", action="store_true")
     parser.add_argument("--kill-marker")
+    parser.add_argument("--stall-marker")
     args = parser.parse_args()
     import torch
 

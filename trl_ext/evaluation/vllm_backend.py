@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trl_ext.evaluation.samples import Sample
+from trl_ext.vllm_cpu import sampler_engine_kwargs
 
 if TYPE_CHECKING:
     from trl_ext.evaluation.config import EvalConfig
@@ -47,12 +48,14 @@ def vllm_engine_kwargs(cfg: EvalConfig, max_model_len: int | None = None, cpu: b
         cpu: the engine is vLLM's CPU build. There `cfg.dtype` is used as given (float32 by default, as the
             transformers backend, so the two agree token for token; vLLM would turn a float32 checkpoint into
             bfloat16 under `auto`), the KV cache gets an explicit size (`CPU_KV_CACHE_BYTES`, or
-            VLLM_CPU_KVCACHE_SPACE) and the model runs eagerly (no torch.compile at start). On a GPU the float32
+            VLLM_CPU_KVCACHE_SPACE), the model runs eagerly (no torch.compile at start) and the sampler with
+            `trl_ext.vllm_cpu`'s fix. On a GPU the float32
             default means the checkpoint's dtype (`auto`); any other dtype is passed on.
     """
     kwargs: dict[str, Any] = {"model": cfg.model, "seed": cfg.seed}
     if cpu:
         kwargs.update(dtype=cfg.dtype, enforce_eager=True)
+        kwargs.update(sampler_engine_kwargs())  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     else:

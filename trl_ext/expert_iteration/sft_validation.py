@@ -34,6 +34,8 @@ from trl_ext.evaluation import EvalConfig, cut_samples, eos_token_ids, render_pr
 from trl_ext.evaluation.samples import Sample
 from trl_ext.evaluation.transformers_backend import generate_transformers
 from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
+from trl_ext.grpo.weight_sync.watchdog import install_server_watchdog
+from trl_ext.grpo.weight_sync.client import server_weight_sync
 
 VLLM_MODES = ("colocate", "server")
 
@@ -228,25 +230,30 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def _build_vllm_generation(self):
         """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
-        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`."""
+        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`, and a server synced over gloo from a trainer without CUDA
+        (`trl_ext.grpo.weight_sync.client`)."""
         from trl.generation.vllm_generation import VLLMGeneration
 
         acc, cfg = self.accuracy, self.accuracy.config
         texts = render_prompts(acc.prompts, self.processing_class, cfg.chat_template_kwargs)
         longest = max(len(self.processing_class(t, add_special_tokens=False)["input_ids"]) for t in texts)
-        generation = VLLMGeneration(
-            model=self.model,
-            accelerator=self.accelerator,
-            processing_class=self.processing_class,
-            mode=acc.vllm_mode,
-            gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
-            max_model_length=longest + cfg.max_tokens[0],
-        )
+        server = types.SimpleNamespace(use_vllm=True, vllm_mode=acc.vllm_mode, use_cpu=self.args.use_cpu)
+        with server_weight_sync(server):  # server mode without CUDA: the gloo weight sync GRPO uses
+            generation = VLLMGeneration(
+                model=self.model,
+                accelerator=self.accelerator,
+                processing_class=self.processing_class,
+                mode=acc.vllm_mode,
+                gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
+                max_model_length=longest + cfg.max_tokens[0],
+            )
         if acc.vllm_mode == "colocate":
             from vllm.platforms import current_platform
 
             if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (weight_sync.colocate)
                 generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
+        # Server mode: a stalled sync or request stops the run, saying where (trl_ext.grpo.weight_sync.watchdog).
+        install_server_watchdog(generation, generation.server_timeout, lambda: self.state.global_step)
         self.vllm_generation = generation
         return generation
 

@@ -39,6 +39,8 @@ from trl_ext.expert_iteration.config import ExpertIterationConfig, every_n_ei_st
 from trl_ext.expert_iteration.sft import QuestionSampler, kept_mask, sft_batches, sft_micro_step
 from trl_ext.grpo.rows import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
+from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
+from trl_ext.grpo.weight_sync.client import server_weight_sync
 
 # The per-completion entries the SFT forward reads (TRL's batch layout).
 SFT_ENTRIES = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")
@@ -59,13 +61,15 @@ class ExpertIterationTrainer(GRPOTrainer):
         self._ei_step = 0
         self._unlogged_losses: list[float] = []
         self._last_grad_norm = 0.0
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        with server_weight_sync(args):  # server mode without CUDA: the gloo weight sync GRPO uses
+            super().__init__(model, reward_funcs, args=args, **kwargs)
         if self.accelerator.num_processes != 1:
             raise ValueError(
                 f"expert iteration trains on one process; this run has {self.accelerator.num_processes} (launch one "
                 "training process; the vLLM server may use other GPUs)"
             )
         install_colocate_weight_sync(self)  # TRL's colocated weight sync fails on vLLM's CPU backend
+        install_trainer_watchdog(self)  # server mode: a stalled sync or request stops the run, saying where
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

@@ -32,6 +32,7 @@ from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_train
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
+from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
 from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
 from trl_ext.objectives import (
@@ -153,7 +154,10 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         4. dynamic sampling (`rollouts.dynamic_sampling`): nothing to install; `_generate_and_score_completions` runs
            it;
         5. the compact LM head (`fused_head.compact_lm_head`): nothing to install; it swaps TRL's `_use_triton` only
-           for the length of each forward in `_get_per_token_logps_and_entropies`.
+           for the length of each forward in `_get_per_token_logps_and_entropies`;
+        6. the server watchdog (`watchdog`, server mode): outermost around `vllm_generation.sync_weights`, the tensors
+           it hands to the client and the client's `generate` / `chat`, so a stalled sync or request stops the run
+           past `vllm_server_timeout`, naming the step, the tensor and the server log's tail.
 
         `_post` is wrapped twice, by two behaviours: the replay answers a request without sending it, the finish
         reasons read every answer, replayed or sent; either runs without the other.
@@ -161,6 +165,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         install_colocate_weight_sync(self)  # 1
         self._install_async_rollouts()  # 2
         self._install_finish_reasons()  # 3
+        install_trainer_watchdog(self)  # 6
 
     def compute_advantages(
         self, rewards_per_func: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None

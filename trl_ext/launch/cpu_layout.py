@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
+from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command
+from trl_ext.vllm_cpu import sampler_server_args
 
 CPU_KV_CACHE_BYTES = 256 * 2**20
 _KV_FLAGS = {"kv-cache-memory-bytes", "kv-cache-memory", "gpu-memory-utilization"}
@@ -71,13 +73,16 @@ def split_cores(cores: Sequence[int] | None = None, taskset: str | None = "") ->
 def cpu_server_args(
     vllm_args: Sequence[str], recipe_share: float | None, compute_dtype: str | None = None
 ) -> tuple[list[str], str]:
-    """`vllm_args` plus the CPU weight transfer's flags, `--dtype compute_dtype` (the trainer's, without autocast) and
-    `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`, each unless `vllm_args` state it; and the plan's note on the KV
-    cache (the recipe's GPU share `recipe_share` is not used)."""
+    """`vllm_args` plus the CPU weight transfer's flags, the sampler fix (`--use-fp64-gumbel`, `trl_ext.vllm_cpu`),
+    `--dtype compute_dtype` (the trainer's, without autocast) and `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`, each
+    unless `vllm_args` state it; and the plan's note on the KV cache (the recipe's GPU share `recipe_share` is not
+    used)."""
     stated = {arg.lstrip("-").split("=")[0].replace("_", "-") for arg in vllm_args if arg.startswith("-")}
+    refuse_speculative(stated)
     args = list(vllm_args)
     if "weight-transfer-config" not in stated:
         args += server_args()
+    args = sampler_server_args(args)  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
     if compute_dtype is not None and "dtype" not in stated:
         args += ["--dtype", compute_dtype]
     if stated & _KV_FLAGS:
@@ -91,6 +96,19 @@ def cpu_server_args(
         "--vllm-args '--kv-cache-memory-bytes N' sets another size"
     )
     return args, note
+
+
+def refuse_speculative(stated: set[str]) -> None:
+    """Raises LaunchError when the CPU server's flags (`stated`, dashed names) ask for speculative decoding: with it
+    vLLM 0.31's CPU server answers every request TRL sends (`logprobs=0`) with HTTP 400 ("Out of range float values
+    are not JSON compliant"), after the server's start."""
+    for flag in ("speculative-config", "speculative-model", "num-speculative-tokens"):
+        if flag in stated:
+            raise LaunchError(
+                f"--vllm-args --{flag}: vLLM's CPU server answers TRL's generation requests (logprobs=0, the "
+                "sampled tokens' log-probs) with HTTP 400 when it decodes speculatively; remove --"
+                f"{flag} from --vllm-args (speculative decoding works on a GPU server)"
+            )
 
 
 def pin(command: Command, cores: Sequence[int]) -> Command:

@@ -39,6 +39,7 @@ from trl_ext.launch.planning import (
     trainer_command,
     url_host,
 )
+from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 
@@ -212,7 +213,15 @@ def _gpu_server(
 ) -> _ServerLayout:
     """The server on the GPUs training leaves free, sized for the model's heads (`server_parallelism`)."""
     if not placement.free:
-        raise LaunchError(_no_free_gpu(setup, placement.train, placement.available, placement.source))
+        raise LaunchError(
+            _no_free_gpu(
+                setup,
+                placement.train,
+                placement.available,
+                placement.source,
+                (serving.model, request.vllm_tp, request.vllm_dp),
+            )
+        )
     shape, _ = load_model_shape(serving.model)
     gpus, tp, dp = server_parallelism(placement.free, request.vllm_tp, request.vllm_dp, shape)
     if request.vllm_tp is None:  # why this size (trl_ext.launch.tensor_parallel)
@@ -345,7 +354,9 @@ def _no_server_note(setup: AccelerateSetup, serving: RecipeServing, config) -> s
     )
 
 
-def _no_free_gpu(setup: AccelerateSetup, train: list[str], available: list[str], source: str) -> str:
+def _no_free_gpu(
+    setup: AccelerateSetup, train: list[str], available: list[str], source: str, serve=(None,) * 3
+) -> str:
     message = (
         f"no free GPU left for the vLLM server: accelerate config {setup.path} trains on {train} and "
         f"{len(available)} GPU(s) are available (from {source}): {available}. Train on fewer GPUs"
@@ -354,7 +365,7 @@ def _no_free_gpu(setup: AccelerateSetup, train: list[str], available: list[str],
     if setup.gpu_ids is None and len(available) > 1:
         message += (
             f" (--num-processes {half}: training on {','.join(available[:half])}, the server on "
-            f"{','.join(available[half:])})"
+            f"{','.join(proposed_server_gpus(available[half:], *serve))})"
         )
     else:
         message += " (`gpu_ids`, `num_processes`)"

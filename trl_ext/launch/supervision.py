@@ -20,6 +20,7 @@ from pathlib import Path
 from trl_ext.host import log_tail
 from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command, LaunchPlan
+from trl_ext.launch.server_place import server_place_env
 from trl_ext.preflight.environment import port_is_free
 from trl_ext.preflight.trl_defaults import trl_default
 
@@ -84,6 +85,7 @@ def stop_process_group(proc: subprocess.Popen, grace: float, first_signal: int =
     """
     pgid = proc.pid
     _signal_group(pgid, first_signal)
+    _signal_group(pgid, signal.SIGCONT)  # a stopped process (SIGSTOP, a debugger) handles the signal only once resumed
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         # poll() reaps the leader; a zombie leader would keep the group "alive".
@@ -272,7 +274,10 @@ def run_launch(
             # background group never blocks on the terminal.
             try:
                 trainer = subprocess.Popen(
-                    plan.trainer.argv, env=plan.trainer.full_env(), stdin=subprocess.DEVNULL, process_group=0
+                    plan.trainer.argv,
+                    env={**plan.trainer.full_env(), **server_place_env(plan)},  # the trainer's preflight names it
+                    stdin=subprocess.DEVNULL,
+                    process_group=0,
                 )
             except OSError as exc:
                 raise LaunchError(f"could not start the trainer `{plan.trainer.render()}`: {exc}") from exc

@@ -25,6 +25,10 @@ PCI_BUS_ID = "PCI_BUS_ID"
 NVIDIA_SMI_QUERY = ("--query-gpu=index,uuid,memory.total,memory.free", "--format=csv,noheader,nounits")
 
 
+# Where `trl-ext launch` started the vLLM server, for the trainer's preflight line (trl_ext.launch.server_place).
+LAUNCH_SERVER_ENV = "TRL_EXT_LAUNCH_SERVER"
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Where a recipe runs.
@@ -44,6 +48,8 @@ class RunContext:
         limit_source: where the limit came from, for the printed plan.
         check_packages: check that the extras the settings need are installed (off for planning elsewhere).
         label: the accelerate config or entry point, for messages.
+        server_place: where `trl-ext launch` started the vLLM server, as a training process learns it
+            (`LAUNCH_SERVER_ENV`); empty when no launcher said.
     """
 
     world_size: int = 1
@@ -59,6 +65,7 @@ class RunContext:
     limit_source: str = ""
     check_packages: bool = True
     label: str = ""
+    server_place: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,4 +147,5 @@ def context_from_environment(script_args, training_args, environ: Mapping[str, s
         memory_limit_gib=given if given is not None else free,
         limit_source="--gpu-memory-gb" if given is not None else ("free per torch" if free is not None else ""),
         label=f"{world} process(es)" + (f", GPU {devices[0]}" if devices else ", CPU"),
+        server_place=environ.get(LAUNCH_SERVER_ENV, ""),
     )

@@ -182,7 +182,7 @@ def _placement(report: Preflight, args) -> None:
     mode = {"MULTI_GPU": "DDP", "DEEPSPEED": f"DeepSpeed ZeRO-{context.zero_stage}"}.get(context.distributed_type, "")
     line = f"gpus:    training on {train} ({context.world_size} process(es){', ' + mode if mode else ''})"
     if args.use_vllm and args.vllm_mode == "server":
-        server = ",".join(context.server_devices) or "a server you start (vllm_server_host)"
+        server = ",".join(context.server_devices) or context.server_place or "a server you start (vllm_server_host)"
         if context.server_cpu_cores is not None:  # `trl-ext launch` starts it on the CPU; gloo weight sync
             server = f"{_cpu(context.server_cpu_cores)} (vLLM's CPU build; weights synced over gloo)"
         line += f"; vLLM server on {server}" + (f" (tp {context.server_tp})" if context.server_devices else "")
