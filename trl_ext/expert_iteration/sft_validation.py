@@ -33,9 +33,9 @@ from trl import SFTTrainer
 from trl_ext.evaluation import EvalConfig, cut_samples, eos_token_ids, render_prompts, score_samples, summarize
 from trl_ext.evaluation.samples import Sample
 from trl_ext.evaluation.transformers_backend import generate_transformers
+from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
 from trl_ext.grpo.weight_sync.watchdog import install_server_watchdog
-from trl_ext.grpo.weight_sync.client import server_weight_sync
 
 VLLM_MODES = ("colocate", "server")
 
@@ -230,8 +230,8 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def _build_vllm_generation(self):
         """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
-        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`, and a server synced over gloo from a trainer without CUDA
-        (`trl_ext.grpo.weight_sync.client`)."""
+        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`, and a server synced over gloo from a trainer
+        without CUDA (`trl_ext.grpo.weight_sync.client`)."""
         from trl.generation.vllm_generation import VLLMGeneration
 
         acc, cfg = self.accuracy, self.accuracy.config

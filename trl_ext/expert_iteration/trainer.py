@@ -38,9 +38,9 @@ from trl import GRPOTrainer
 from trl_ext.expert_iteration.config import ExpertIterationConfig, every_n_ei_steps
 from trl_ext.expert_iteration.sft import QuestionSampler, kept_mask, sft_batches, sft_micro_step
 from trl_ext.grpo.rows import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
+from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
 from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
-from trl_ext.grpo.weight_sync.client import server_weight_sync
 
 # The per-completion entries the SFT forward reads (TRL's batch layout).
 SFT_ENTRIES = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")

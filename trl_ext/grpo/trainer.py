@@ -32,9 +32,9 @@ from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_train
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
-from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
 from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
+from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,

@@ -3,8 +3,8 @@
 TRL 1.16 syncs a server over NCCL (`VLLMClient.update_named_params`: an HTTP call, then a broadcast into the
 server's workers) and generates over HTTP without a timeout. A server or worker that stops answering mid-broadcast
 or mid-request hangs the run without a word (a broadcast cannot be interrupted from Python, nor can a blocked socket
-read). Our gloo transfer (`trl_ext.grpo.weight_sync.client`) bounds its own waits, but what it was doing when it gave up
-is not in its error either.
+read). Our gloo transfer (`trl_ext.grpo.weight_sync.client`) bounds its own waits, but what it was doing when it gave
+up is not in its error either.
 
 `install_server_watchdog` wraps, on a trainer's (or SFT validation's) `VLLMGeneration` in server mode:
 
