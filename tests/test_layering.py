@@ -139,11 +139,13 @@ def test_no_two_modules_import_each_other_in_a_loop():
     assert loops == []
 
 
-def test_no_function_of_the_grpo_trainer_is_over_100_lines():
-    """A reader holds each function of `trl_ext.grpo` in view."""
+def test_no_function_is_over_100_lines():
+    """A reader holds each function of `trl_ext` in view; a Typer `cli.py`, which registers each command's options in
+    one function, is the exception."""
     long = [
         f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted((PACKAGE / "grpo").rglob("*.py"))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "cli.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 100
     ]

@@ -140,13 +140,32 @@ def plot_runs(
     Raises:
         ValueError: an unknown x-axis, or one no run has a value on (e.g. `grpo_step` for runs without a record).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     smooth_ema([], smoothing)  # the range check, before anything is read
     x_axes = tuple(x_axes)
+    runs = _load_runs(run_dirs, labels, x_axes)
+    panels = PANELS if panels is None else panels
+    references = baseline_lines(baseline, runs) if baseline is not None else []
+    keyed = [(title, [(run, metric_key(run, cands)) for run in runs]) for title, cands in panels]
+    keyed = [(title, pairs) for title, pairs in keyed if any(k for _, k in pairs)]
+    if not keyed:
+        raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
+    fig = _draw(keyed, x_axes, smoothing, references)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110)
+    csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            ["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value", "smoothed"]
+        )
+        writer.writerows(_csv_rows(keyed, smoothing, references))
+    return fig
+
+
+def _load_runs(run_dirs: list[str | Path], labels: list[str] | None, x_axes: tuple[str, ...]) -> list[RunLog]:
+    """The runs, named; raises ValueError for an unknown x-axis, a label count that does not match, or an x-axis no
+    run has a value on."""
     unknown = [axis for axis in x_axes if axis not in X_AXES]
     if unknown or not x_axes:
         raise ValueError(f"x-axis {unknown or '(none)'}: choose from {', '.join(X_AXES)}")
@@ -159,27 +178,33 @@ def plot_runs(
         if not any(v is not None for run in runs for v in run.x[axis]):
             why = " (GRPO runs need the trl_ext_run.json the recipes write)" if axis == "grpo_step" else ""
             raise ValueError(f"x-axis {axis}: none of the runs has values on it{why}")
-    panels = PANELS if panels is None else panels
-    references = baseline_lines(baseline, runs) if baseline is not None else []
-    keyed = [(title, [(run, metric_key(run, cands)) for run in runs]) for title, cands in panels]
-    keyed = [(title, pairs) for title, pairs in keyed if any(k for _, k in pairs)]
-    if not keyed:
-        raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
+    return runs
 
-    rows_csv = []
+
+def _csv_rows(keyed, smoothing: float, references: list[tuple[int, float]]) -> list[tuple]:
+    """The CSV's rows: every logged point of every (panel, run), and the zero-shot references."""
+    rows = []
     for title, pairs in keyed:
         for run, key in pairs:
             if key is not None:
                 xs, values = series(run, key)
                 smoothed = smooth_ema(values, smoothing) if smoothing else [""] * len(values)
-                rows_csv += [
+                rows += [
                     _csv_row(run.name, title, key, x, v, sm) for x, v, sm in zip(xs, values, smoothed, strict=True)
                 ]
         if title == ACCURACY_PANEL:
-            rows_csv += [
-                (f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a, "") for b, a in references
-            ]
-    # One block of rows per x-axis, holding the panels with points on that axis (train panels have no validation step).
+            rows += [(f"zero-shot L{b}", title, "zero-shot accuracy", "", "", "", "", a, "") for b, a in references]
+    return rows
+
+
+def _draw(keyed, x_axes: tuple[str, ...], smoothing: float, references: list[tuple[int, float]]):
+    """The figure: one block of rows per x-axis, holding the panels with points on that axis (train panels have no
+    validation step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
     blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
     ncols = min(4, max(blocks))  # no empty column when every block has fewer panels
@@ -196,15 +221,7 @@ def plot_runs(
             ax.set_title(f"{title} vs {suffix}", fontsize=9)
             ax.set_xlabel(x_label, fontsize=8)
             for run, key in pairs:
-                points = _points(run, key, axis, smoothing)
-                if not points:
-                    continue
-                xs = [p for p, _, _ in points]
-                if smoothing:
-                    (line,) = ax.plot(xs, [v for _, v, _ in points], marker=".", alpha=0.25, label=f"_{run.name} raw")
-                    ax.plot(xs, [sm for _, _, sm in points], color=line.get_color(), label=run.name)
-                else:
-                    ax.plot(xs, [v for _, v, _ in points], marker=".", label=run.name)
+                _draw_line(ax, run, key, axis, smoothing)
             if title == ACCURACY_PANEL:
                 for budget, accuracy in references:
                     ax.axhline(accuracy, linestyle="--", color="grey", label=f"zero-shot L{budget} ({accuracy:.1%})")
@@ -212,17 +229,20 @@ def plot_runs(
             ax.grid(alpha=0.3)
         row += -(-count // ncols)
     fig.tight_layout()
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=110)
-    csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(
-            ["run", "panel", "key", "step", "grpo_step", "validation_step", "wall_clock_s", "value", "smoothed"]
-        )
-        writer.writerows(rows_csv)
     return fig
+
+
+def _draw_line(ax, run: RunLog, key: str | None, axis: str, smoothing: float) -> None:
+    """One run's line on `ax`: the logged points, or with `smoothing` the smoothed line over the faint raw points."""
+    points = _points(run, key, axis, smoothing)
+    if not points:
+        return
+    xs = [p for p, _, _ in points]
+    if smoothing:
+        (line,) = ax.plot(xs, [v for _, v, _ in points], marker=".", alpha=0.25, label=f"_{run.name} raw")
+        ax.plot(xs, [sm for _, _, sm in points], color=line.get_color(), label=run.name)
+    else:
+        ax.plot(xs, [v for _, v, _ in points], marker=".", label=run.name)
 
 
 def _points(run: RunLog, key: str | None, axis: str, smoothing: float = 0.0) -> list[tuple[float, float, float]]:
