@@ -30,9 +30,12 @@ from trl_ext.recipes import (
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-# Expert-iteration recipes parse with their own parser: tests/test_expert_iteration.py checks them.
+# Expert-iteration recipes parse with their own parser: tests/test_expert_iteration.py checks them; study files
+# (recipes/studies/) are no recipes: tests/test_study.py plans every arm of each.
 ALL_YAMLS = sorted(
-    p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml") if "expert_iteration" not in p.as_posix()
+    p.relative_to(RECIPES).as_posix()
+    for p in RECIPES.rglob("*.yaml")
+    if "expert_iteration" not in p.as_posix() and p.relative_to(RECIPES).parts[0] != "studies"
 )
 CPU = ["--use_cpu", "true"]
 
@@ -211,6 +214,15 @@ DIFFS["countdown/cpu_server.yaml"] = (
     | {"n_grpo_steps", "max_completion_length", "generation_kwargs", "learning_rate", "eval_strategy", "final_eval"}
     | {"vllm_importance_sampling_correction", "report_to", "log_completions", "save_strategy"},
 )
+# A plain CPU run of the same tiny model with transformers generation (the CPU study's arms, issue 37): validation
+# and checkpoints every 4 of its 8 steps.
+DIFFS["countdown/cpu_tiny.yaml"] = (
+    "grpo_defaults.yaml",
+    {"model_name_or_path", "tiny_model", "bf16", "gradient_checkpointing", "use_vllm", "dataset_source", "prompt"}
+    | {"dataset_split", "chat_template", "rollout_batch_size", "group_size", "train_batch_size", "learning_rate"}
+    | {"per_device_train_batch_size", "n_grpo_steps", "max_completion_length", "generation_kwargs", "eval_steps"}
+    | {"eval_limit", "per_device_eval_batch_size", "report_to", "log_completions", "rollout_log_steps", "save_steps"},
+)
 # Asynchronous rollouts (issue 30): generation one optimizer step ahead, with TRL's importance-sampling correction.
 for _async, _sync in (("countdown/seed000_grpo_l512_async.yaml", "countdown/seed000_grpo_l512.yaml"),
                       ("gsm8k/r1_zero_async.yaml", "gsm8k/r1_zero.yaml")):  # fmt: skip
@@ -250,6 +262,10 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
         assert script_args.tiny_model and not training_args.bf16 and training_args.report_to == []
         assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
         assert training_args.vllm_importance_sampling_correction
+        return
+    if recipe == "countdown/cpu_tiny.yaml":  # the CPU study's plain run: a built tiny model, no vLLM, no wandb
+        assert script_args.tiny_model and not training_args.use_vllm and training_args.report_to == []
+        assert (training_args.max_steps, training_args.num_generations, training_args.eval_steps) == (8, 4, 4)
         return
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
