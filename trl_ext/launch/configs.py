@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trl_ext.preflight.trl_defaults import trl_default
+from trl_ext.recipes.entry import ParsedRecipe
 from trl_ext.recipes.stated import cli_overrides
 from trl_ext.recipes.yaml_chain import load_recipe_yaml as recipes_load_yaml
 
@@ -166,8 +167,52 @@ class RecipeServing:
         return self.host in _LOCAL_HOSTS or self.host in {socket.gethostname(), socket.getfqdn()}
 
 
+def serving_from_parsed(recipe: ParsedRecipe) -> RecipeServing:
+    """The serving fields of a trl_ext recipe as the trainer's parser parsed it (`trl_ext.recipes.parse_recipe`).
+
+    A field the recipe leaves unset keeps what `read_recipe_serving` gives it (no vLLM share passed to the server,
+    no group port, no output_dir, autocast only when `bf16` / `fp16` is stated true): `recipe.stated` says which
+    were set.
+
+    Raises:
+        LaunchError: `vllm_mode`, `vllm_gpu_memory_utilization` or `vllm_server_base_url` has a value the launcher
+            cannot serve (named with its file).
+    """
+    _, args, model_args = recipe.parsed
+    stated = recipe.stated
+    source = f"recipe config {recipe.config}" if recipe.config is not None else "recipe args"
+    vllm_mode = str(args.vllm_mode)
+    if vllm_mode not in ("server", "colocate"):
+        raise LaunchError(f"{source}: `vllm_mode` must be 'server' or 'colocate', got {vllm_mode!r}")
+    base_url = args.vllm_server_base_url
+    host, port = _server_address(str(args.vllm_server_host), int(args.vllm_server_port), base_url, source)
+    share = args.vllm_gpu_memory_utilization if stated.get("vllm_gpu_memory_utilization") is not None else None
+    if share is not None and (isinstance(share, bool) or not 0 < share <= 1):
+        given = stated["vllm_gpu_memory_utilization"]
+        raise LaunchError(f"{source}: `vllm_gpu_memory_utilization` must be a fraction in (0, 1], got {given!r}")
+    autocast = any(key in stated and bool(getattr(args, key)) for key in ("bf16", "fp16"))
+    dtype = model_args.dtype if "dtype" in stated else None
+    model = model_args.model_name_or_path if "model_name_or_path" in stated else None
+    return RecipeServing(
+        use_vllm=bool(args.use_vllm),
+        vllm_mode=vllm_mode,
+        model=None if model is None else str(model),
+        host=host,
+        port=port,
+        output_dir=str(args.output_dir) if stated.get("output_dir") is not None else None,
+        base_url=str(base_url) if base_url else None,
+        gpu_memory_utilization=None if share is None else float(share),
+        port_stated=bool(base_url) or stated.get("vllm_server_port") is not None,
+        group_port=int(args.vllm_group_port) if stated.get("vllm_group_port") is not None else None,
+        compute_dtype=None if autocast or dtype in (None, "auto") else str(dtype),
+    )
+
+
 def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = ()) -> RecipeServing:
     """Reads the serving fields from a recipe YAML (`base:` resolved) and the recipe args that override it.
+
+    The reader for scripts that are not trl_ext recipes (their parser is not ours to run): a trl_ext recipe is read
+    by the trainer's parser once (`serving_from_parsed`). Values are read as TrlParser reads TRL 1.16's fields.
 
     Args:
         config: the recipe YAML given as `--config`, or None (TRL defaults: no vLLM).
@@ -191,13 +236,7 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
     port = values["vllm_server_port"] if "vllm_server_port" in values else trl_default("vllm_server_port")
     port = _as_int(port, f"{source}: `vllm_server_port`", minimum=1)
     base_url = values.get("vllm_server_base_url")
-    if base_url:
-        # TRL ignores host and port when a base URL is given; so do we.
-        parsed = urllib.parse.urlparse(str(base_url))
-        if not parsed.hostname:
-            raise LaunchError(f"{source}: `vllm_server_base_url` {base_url!r} has no host")
-        host = parsed.hostname
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    host, port = _server_address(host, port, base_url, source)
     model = values.get("model_name_or_path")
     output_dir = values.get("output_dir")
     stated = values.get("vllm_gpu_memory_utilization")
@@ -219,6 +258,16 @@ def read_recipe_serving(config: str | Path | None, extra_args: Sequence[str] = (
         group_port=None if group is None else _as_int(group, f"{source}: `vllm_group_port`", minimum=1),
         compute_dtype=None if autocast or dtype in (None, "auto") else str(dtype),
     )
+
+
+def _server_address(host: str, port: int, base_url, source: str) -> tuple[str, int]:
+    """The server's host and port: TRL ignores host and port when a base URL is given; so do we."""
+    if not base_url:
+        return host, port
+    parsed = urllib.parse.urlparse(str(base_url))
+    if not parsed.hostname:
+        raise LaunchError(f"{source}: `vllm_server_base_url` {base_url!r} has no host")
+    return parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
 
 
 def _serving_overrides(args: Sequence[str]) -> dict[str, str]:

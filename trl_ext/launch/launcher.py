@@ -1,8 +1,9 @@
 """`plan_launch`: read the two config files, plan the launch, check it; the one place that does all three.
 
-read (`configs`: the accelerate config and the recipe's serving fields) -> plan (`planning`: GPU split, server
-parallelism for the model's heads, ports, both commands) -> check (`checks`: the machine, the recipe's preflight)
--> a `LaunchPlan` that `supervision.run_launch` carries out and `--dry-run` prints.
+read (`configs`: the accelerate config; a trl_ext recipe once, by the trainer's parser, `checks.parse_launch_recipe`,
+and its serving fields from that) -> plan (`planning`: GPU split, server parallelism for the model's heads, ports,
+both commands) -> check (`checks`: the machine, the recipe's preflight on what was parsed) -> a `LaunchPlan` that
+`supervision.run_launch` carries out and `--dry-run` prints.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trl_ext.launch import planning
-from trl_ext.launch.checks import check_machine, launch_preflight, recipe_script_task
+from trl_ext.launch.checks import check_machine, launch_preflight, parse_launch_recipe, recipe_script_task
 from trl_ext.launch.configs import (
     AccelerateSetup,
     LaunchError,
     RecipeServing,
     read_accelerate_config,
     read_recipe_serving,
+    serving_from_parsed,
 )
 from trl_ext.launch.cpu_layout import CpuLayout, cpu_server_args, pin, split_cores, with_server_log
 from trl_ext.launch.planning import (
@@ -42,6 +44,7 @@ from trl_ext.launch.planning import (
 from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
+from trl_ext.recipes.entry import ParsedRecipe
 
 DEFAULT_LOG_DIR = "runs/launch"
 
@@ -99,13 +102,14 @@ def plan_launch(
     setup = _override(read_accelerate_config(accelerate_config), num_processes, machine_rank)
     if not Path(recipe).is_file():
         raise LaunchError(f"recipe script {recipe} not found")
-    serving = read_recipe_serving(config, extra_args)
+    parsed = parse_launch_recipe(setup, recipe, config, extra_args)  # a trl_ext recipe, read once
+    serving = read_recipe_serving(config, extra_args) if parsed is None else serving_from_parsed(parsed)
     placement = _place_training(request, setup, serving)
     server = None
     if placement.starts_server:
         layout = _cpu_server if not placement.available and planning.vllm_cpu_build() else _gpu_server
         server = _server(request, serving, placement, layout(request, setup, serving, placement))
-    return _plan(request, setup, serving, placement, server)
+    return _plan(request, setup, serving, placement, server, parsed)
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,7 @@ def _plan(
     serving: RecipeServing,
     placement: _Placement,
     server: _Server | None,
+    parsed: ParsedRecipe | None,
 ) -> LaunchPlan:
     """The checks (the machine, the recipe's preflight on this placement), then the trainer command and the plan."""
     train, layout = placement.train, None if server is None else server.layout
@@ -271,9 +276,9 @@ def _plan(
     check_machine(request.environ, bool(train or server_gpus))
     checked = launch_preflight(
         setup,
-        request.recipe,
-        request.config,
-        extra,
+        parsed,
+        request.extra_args,
+        extra[len(request.extra_args) :],
         train,
         server_gpus,
         (layout.tp if layout else 0) or 1,

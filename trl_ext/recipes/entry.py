@@ -78,12 +78,20 @@ def preflight_recipe(
         The parsed `(script_args, training_args, model_args)` and the `Preflight` (problems not raised).
     """
     recipe = parse_recipe(task, argv, world_size)
+    return recipe.parsed, check_parsed_recipe(recipe, make_context, environ)
+
+
+def check_parsed_recipe(
+    recipe: ParsedRecipe, make_context: Callable[[tuple], RunContext], environ: dict[str, str] | None = None
+) -> Preflight:
+    """The checks of a parsed recipe (`check_recipe` on `make_context(recipe.parsed)`); problems not raised.
+
+    `trl-ext launch` parses the recipe once (`parse_recipe`, before it plans) and checks it here after planning."""
     script_args, _, model_args = recipe.parsed
     if getattr(script_args, "tiny_model", False):  # built before the checks (and the server) look for it
         ensure_tiny_model(model_args.model_name_or_path)
     context = make_context(recipe.parsed)
-    report = check_recipe(task, recipe.config, argv, recipe.parsed, context, recipe.stated, environ)
-    return recipe.parsed, report
+    return check_recipe(recipe.task, recipe.config, list(recipe.argv), recipe.parsed, context, recipe.stated, environ)
 
 
 def entry_preflight(task: str, argv: Sequence[str] | None = None) -> tuple[tuple, Preflight]:
