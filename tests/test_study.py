@@ -152,7 +152,7 @@ def test_sbatch_script_one_array_per_arm_and_srun_across_nodes(tmp_path):
     assert "SEEDS=(0 1)\nSEED=${SEEDS[$SLURM_ARRAY_TASK_ID]}" in script
     assert (
         "launch --accelerate-config accelerate_configs/cpu.yaml recipes/countdown.py --config "
-        'recipes/countdown/cpu_tiny.yaml --learning_rate 3e-5 --output_dir "$OUT" --seed "$SEED" --resume true '
+        'recipes/countdown/cpu_tiny.yaml --learning_rate 3e-5 --output_dir "$RUN_DIR" --seed "$SEED" --resume true '
         '--vllm_server_port "$PORT" --vllm_group_port $((PORT + 1))\n'
     ) in script
     multi = Arm("m", arm.recipe, arm.script, arm.accelerate_config)

@@ -61,13 +61,13 @@ def render_script(study: Study, plans: list[RunPlan], cwd: str | Path | None = N
         f"cd {shlex.quote(str(Path(cwd or Path.cwd()).resolve()))}",
         f"SEEDS=({seeds})",
         "SEED=${SEEDS[$SLURM_ARRAY_TASK_ID]}",
-        f"OUT={folder}/seed$SEED",
+        f"RUN_DIR={folder}/seed$SEED",
         "# ports from the job id: two tasks on one node never share one",
         "PORT=$((20000 + (SLURM_JOB_ID % 4000) * 10))",
     ]
     ports = '--vllm_server_port "$PORT" --vllm_group_port $((PORT + 1))' if first.serves else ""
     launch = f"{shlex.quote(python)} -m trl_ext.cli launch"
-    tail = f'--output_dir "$OUT" --seed "$SEED" --resume true {ports}'.rstrip()
+    tail = f'--output_dir "$RUN_DIR" --seed "$SEED" --resume true {ports}'.rstrip()
     config = str(arm.accelerate_config)
     if nodes > 1:
         body += [
@@ -77,7 +77,7 @@ def render_script(study: Study, plans: list[RunPlan], cwd: str | Path | None = N
             f"{{ grep -v -E '^(main_process_ip|main_process_port):' {shlex.quote(config)}; "
             'echo "main_process_ip: $MASTER"; echo "main_process_port: $((PORT + 2))"; } > "$CONFIG"',
             "# one launch per node: node 0 serves and holds training rank 0",
-            "export OUT SEED PORT CONFIG",
+            "export RUN_DIR SEED PORT CONFIG",
             f"srun --nodes={nodes} --ntasks-per-node=1 bash -c "
             f'\'exec {launch} --accelerate-config "$CONFIG" --machine-rank "$SLURM_NODEID" {recipe} {tail}\'',
         ]
