@@ -323,6 +323,7 @@ def _plan(
         health_url=f"http://{url_host(SERVER_BIND_HOST)}:{server.port}{HEALTH_PATH}",
         server_log=server_log,
         server_gpus=tuple(layout.gpus),
+        server_cores=() if cpu is None else tuple(cpu.server_cores),
         tp=layout.tp,
         dp=layout.dp,
         **common,

@@ -196,6 +196,7 @@ class LaunchPlan:
     server_log: Path | None = None
     train_gpus: tuple[str, ...] = ()
     server_gpus: tuple[str, ...] = ()
+    server_cores: tuple[int, ...] = ()  # the CPU server layout's cores (empty: a GPU server, or an unpinned one)
     tp: int = 0
     dp: int = 0
     notes: tuple[str, ...] = ()

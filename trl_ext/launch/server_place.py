@@ -36,9 +36,7 @@ def server_place_env(plan: LaunchPlan) -> dict[str, str]:
         return {}
     if plan.server_gpus:
         return {LAUNCH_SERVER_ENV: gpu_server_place(plan.server_gpus, plan.tp, plan.dp)}
-    argv = plan.server.argv  # the CPU layout: `taskset -c CORES trl vllm-serve ...`, or unpinned
-    cores = [int(core) for core in argv[2].split(",")] if argv[:2] == ("taskset", "-c") else []
-    return {LAUNCH_SERVER_ENV: cpu_server_place(cores)}
+    return {LAUNCH_SERVER_ENV: cpu_server_place(plan.server_cores)}
 
 
 def proposed_server_gpus(rest: Sequence[str], model: str | None, tp: int | None, dp: int | None) -> list[str]:
