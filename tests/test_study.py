@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -240,3 +241,15 @@ def test_progress_from_the_log_and_finished_from_the_folder(tmp_path):
     assert not is_finished(tmp_path)
     (tmp_path / "train_results.json").write_text("{}")
     assert is_finished(tmp_path)  # no record: nothing says it validates at the end
+
+
+def test_progress_without_a_log_comes_from_the_furthest_checkpoint(tmp_path):
+    """A resumed run's log may not show a step yet: the checkpoint with the most steps says where it is."""
+    for step, mtime in ((4, 2_000_000), (2, 3_000_000)):  # the older checkpoint written last
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+        os.utime(folder / "trainer_state.json", (mtime, mtime))
+    progress = read_progress(tmp_path, None)
+    assert (progress.step, progress.max_steps) == (4, 8)
+    assert read_progress(tmp_path / "absent", None).step is None

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trl_ext.run_logs import find_trainer_state
+
 # HF's training bar has no label (`Map: 46/46 [...]`, `Writing model shards: 1/1 [...]` have one).
 _STEP = re.compile(r"(?:^|[\r\n])\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+) \[[^\]\r\n]*(?:it/s|s/it)")
 _MAX_STEPS = re.compile(r"-> max_steps (\d+)")  # the launcher's preflight print
@@ -82,9 +84,11 @@ def read_progress(output_dir: str | Path, log: str | Path | None, started: float
         done = [int(n) for n, m in steps if int(m) == total]
         progress.step, progress.max_steps = done[-1], total
     else:
-        states = sorted(Path(output_dir).glob("checkpoint-*/trainer_state.json"), key=lambda p: p.stat().st_mtime)
-        if states:
-            state = json.loads(states[-1].read_text())
+        try:
+            state = json.loads(find_trainer_state(output_dir).read_text())
+        except FileNotFoundError:
+            state = None
+        if state is not None:
             progress.step, progress.max_steps = state.get("global_step"), state.get("max_steps")
     rewards = _REWARD.findall(text)
     if rewards:
