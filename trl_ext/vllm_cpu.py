@@ -34,10 +34,15 @@ def sampler_engine_kwargs() -> dict[str, Any]:
     return {SAMPLER_FIELD: True}
 
 
+def stated_flags(vllm_args: Sequence[str]) -> set[str]:
+    """The flag names `vllm_args` state, dashed and without their dashes or values (`--max_model_len=64` ->
+    `max-model-len`): vLLM's CLI takes either spelling."""
+    return {arg.lstrip("-").split("=")[0].replace("_", "-") for arg in vllm_args if arg.startswith("-")}
+
+
 def sampler_server_args(vllm_args: Sequence[str]) -> list[str]:
     """`vllm_args` plus `--use-fp64-gumbel` unless they state it (`--use-fp64-gumbel` / `--no-use-fp64-gumbel`)."""
-    stated = {arg.lstrip("-").split("=")[0].replace("_", "-") for arg in vllm_args if arg.startswith("-")}
-    if stated & {"use-fp64-gumbel", "no-use-fp64-gumbel"}:
+    if stated_flags(vllm_args) & {"use-fp64-gumbel", "no-use-fp64-gumbel"}:
         return list(vllm_args)
     return [*vllm_args, SAMPLER_FLAG]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
 from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command
-from trl_ext.vllm_cpu import sampler_server_args
+from trl_ext.vllm_cpu import sampler_server_args, stated_flags
 
 CPU_KV_CACHE_BYTES = 256 * 2**20
 _KV_FLAGS = {"kv-cache-memory-bytes", "kv-cache-memory", "gpu-memory-utilization"}
@@ -77,7 +77,7 @@ def cpu_server_args(
     `--dtype compute_dtype` (the trainer's, without autocast) and `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`, each
     unless `vllm_args` state it; and the plan's note on the KV cache (the recipe's GPU share `recipe_share` is not
     used)."""
-    stated = {arg.lstrip("-").split("=")[0].replace("_", "-") for arg in vllm_args if arg.startswith("-")}
+    stated = stated_flags(vllm_args)
     refuse_speculative(stated)
     args = list(vllm_args)
     if "weight-transfer-config" not in stated:

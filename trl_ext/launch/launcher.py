@@ -45,6 +45,7 @@ from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 from trl_ext.recipes.entry import ParsedRecipe
+from trl_ext.vllm_cpu import stated_flags
 
 DEFAULT_LOG_DIR = "runs/launch"
 
@@ -233,8 +234,7 @@ def _gpu_server(
     if shape is None:
         placement.notes.append(f"{serving.model}: no config found, so tp {tp} is not checked against its heads")
     vllm_args = list(request.vllm_args)
-    stated = {arg.lstrip("-").split("=")[0].replace("-", "_") for arg in vllm_args}
-    if serving.gpu_memory_utilization is not None and "gpu_memory_utilization" not in stated:
+    if serving.gpu_memory_utilization is not None and "gpu-memory-utilization" not in stated_flags(vllm_args):
         vllm_args += ["--gpu_memory_utilization", str(serving.gpu_memory_utilization)]
     return _ServerLayout(gpus, tp, dp, vllm_args)
 
