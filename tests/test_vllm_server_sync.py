@@ -9,8 +9,8 @@ cpu_server_args`). Against it, in child processes (tests/scripts/vllm_server_syn
 
 1. two training processes (torchrun, DDP over gloo), 3 optimizer steps;
 2. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml` (DeepSpeed
-   ZeRO-3: TRL gathers each module's shards for the sync), 4 steps with a checkpoint at step 2, then a new launch
-   resumes from it;
+   ZeRO-3: TRL gathers each module's shards for the sync), 4 steps with a checkpoint at step 2, then a new trainer
+   resumes from it; then 3 steps with PEFT LoRA;
 3. one process, a new trainer per run, each joining the server's transfer anew: 4 steps plain with a checkpoint at
    step 2 and the run resumed from it, 3 steps with `padding_free`, with PEFT LoRA (merged for the sync by TRL); a
    12-step GRPO run on the digit-share reward; expert iteration and `ValidatingSFTTrainer` validating with the
@@ -60,7 +60,7 @@ LOGP_TOL = 1e-4  # float32 server vs float32 forward; measured <= 6e-6
 MOVED = 1.0  # training moved the checked log-probs at least this much (measured 2 to 7): a stale server fails
 IS_TOL = 1e-3  # |mean importance-sampling ratio - 1|; measured <= 4e-6
 LEARN_STEPS, WINDOW, RISE = 12, 2, 0.25
-STALL_TIMEOUT = 15.0  # vllm_server_timeout of the stall runs: the watchdog's bound (a generation takes 1-10 s under load)
+STALL_TIMEOUT = 15.0  # vllm_server_timeout of the stall runs: the watchdog's bound (a generation: 1-10 s under load)
 TIMEOUT = 300.0  # vllm_server_timeout of the runs: the wait for the server, and the bound on every sync request
 SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-memory-bytes {KV_CACHE_BYTES}"
 
@@ -109,7 +109,7 @@ def runs(tmp_path_factory):
             config = REPO / "accelerate_configs" / "cpu_zero3.yaml"
             zero3 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                      "--main_process_port", str(free_port()), str(SCRIPTS / "vllm_server_sync.py"),
-                     *_script_args(out, port, model, "zero3_full,zero3_resume")]  # fmt: skip
+                     *_script_args(out, port, model, "zero3_full,zero3_resume,zero3_peft")]  # fmt: skip
             run_checked(zero3, 900, root / "zero3.log", TRL_EXT_TEST_MARK=trainer_mark)
         # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
         # sync cut short leaves the server mid-reload: the next trainer's first sync, before it generates, completes
@@ -205,13 +205,14 @@ def _checks(runs: dict, name: str) -> list[dict]:
     return record["checks"]
 
 
-@pytest.mark.parametrize("name", ["resume_full", "padding_free", "peft", "ddp", "zero3_full"])
+@pytest.mark.parametrize("name", ["resume_full", "padding_free", "peft", "ddp", "zero3_full", "zero3_peft"])
 def test_server_log_probs_equal_the_trainers_forward_after_every_step(runs, name):
     """After each of 3 optimizer steps (4 for the runs with a checkpoint; learning rate 5e-2) and TRL's sync, the
     log-probs the server returns for the tokens it generated greedily from 4 fixed prompts equal a float32 forward of
     the trainer's weights on the same tokens, for a plain run, `padding_free`, PEFT LoRA (TRL merges the adapters for
-    the sync and sends the base names), two DDP processes and two ZeRO-3 processes (TRL gathers each module's shards
-    for the sync; the forward is of the weights gathered the same way, `deepspeed.zero.GatheredParameters`). Catches a
+    the sync and sends the base names), two DDP processes and two ZeRO-3 processes, plain and with LoRA (TRL gathers
+    each module's shards for the sync; the forward is of the weights gathered the same way,
+    `deepspeed.zero.GatheredParameters`, into a plain copy with the same adapters). Catches a
     sync that sends nothing or stale weights (the server keeps the initial weights: the check fails by 6.6 at step
     1), a missed tensor (a tied LM head left packed from the old weights: differences of 1 and more), misnamed tensors
     (vLLM refuses them), LoRA deltas sent unmerged and ZeRO-3 shards sent ungathered (vLLM refuses their shapes)."""
@@ -375,7 +376,7 @@ def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
     communication layer counts both (`trl_ext.grpo.config.join_deepspeed_comm`; before it, that load stopped on
     DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`)."""
     skip_without_deepspeed(runs, "zero3_full")
-    for name in ("zero3_full", "zero3_resume"):
+    for name in ("zero3_full", "zero3_resume", "zero3_peft"):
         record = _record(runs, name)
         assert record["wrapped"] == "DeepSpeedEngine", record["wrapped"]
         facts = record["engine"]
