@@ -266,3 +266,24 @@ def test_course_examples_train_as_tokenize_prompt_and_output_tokenizes_them(tmp_
     assert first["loss"] == pytest.approx(total / count, abs=1e-4)
     assert [e["step"] for e in history if f"{KEY}/answer_reward" in e] == [0, 1]
     assert not [e for e in history if "eval_loss" in e]
+
+
+def test_validation_accuracy_takes_a_servers_address_only_in_server_mode():
+    """The server's address and weight-sync port reach TRL's `VLLMGeneration` in server mode (TRL's defaults unless
+    set: tests/test_vllm_server_sync.py runs one on a free port); set with `vllm_mode: colocate` they are refused,
+    naming the field, not ignored."""
+    from trl_ext.evaluation import EvalConfig
+    from trl_ext.expert_iteration.sft_validation import SERVER_DEFAULTS, ValidationAccuracy
+
+    config = EvalConfig(model="m", task="countdown", max_tokens=(8,), backend="vllm", ns=(1,))
+    accuracy = ValidationAccuracy(config=config, prompts=[], ground_truths=[], reward="countdown")
+    assert {name: getattr(accuracy, name) for name in SERVER_DEFAULTS} == {
+        "vllm_server_host": "0.0.0.0",
+        "vllm_server_port": 8000,
+        "vllm_group_port": 51216,
+    }
+    server = ValidationAccuracy(config=config, prompts=[], ground_truths=[], reward="countdown", vllm_mode="server",
+                                vllm_server_port=8123, vllm_group_port=51300)  # fmt: skip
+    assert (server.vllm_server_port, server.vllm_group_port) == (8123, 51300)
+    with pytest.raises(ValueError, match="^vllm_server_port: 8123 is a server-mode setting; vllm_mode is 'colocate'"):
+        ValidationAccuracy(config=config, prompts=[], ground_truths=[], reward="countdown", vllm_server_port=8123)

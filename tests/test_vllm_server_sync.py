@@ -1,5 +1,6 @@
 """GRPO in vLLM server mode on the CPU with the real engine: the trainer's weights reach a running server after every
-optimizer step (issue 29).
+optimizer step (issue 29), under DDP and DeepSpeed ZeRO-3 (issue 39), and for expert iteration's and SFT's
+validation (issue 36).
 
 One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo weight transfer, its command composed
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
@@ -7,18 +8,23 @@ cpu_server_args`). Against it, in child processes (tests/scripts/vllm_server_syn
 `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
 
 1. two training processes (torchrun, DDP over gloo), 3 optimizer steps;
-2. one process, a new trainer per run, each joining the server's transfer anew: 3 steps plain, with `padding_free`,
-   with PEFT LoRA (merged for the sync by TRL); a 12-step GRPO run on the digit-share reward; then a run whose
-   server the module kills (SIGKILL) after its first step.
+2. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml` (DeepSpeed
+   ZeRO-3: TRL gathers each module's shards for the sync), 4 steps with a checkpoint at step 2, then a new trainer
+   resumes from it; then 3 steps with PEFT LoRA;
+3. one process, a new trainer per run, each joining the server's transfer anew: 4 steps plain with a checkpoint at
+   step 2 and the run resumed from it, 3 steps with `padding_free`, with PEFT LoRA (merged for the sync by TRL); a
+   12-step GRPO run on the digit-share reward; expert iteration and `ValidatingSFTTrainer` validating with the
+   server; then a run whose server the module kills (SIGKILL) after its first step.
 
-After each step of the runs in 1 and 2 the weights are synced and the server generates greedily from 4 fixed
+After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
-(measured <= 6e-6), while training moved those log-probs by 2 to 7 from the initial weights'. With TRL's sync
+(measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
 turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -32,7 +38,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from vllm_async_checks import (  # noqa: F401 -- issue 30's checks, collected here to share this module's server
-    run_async,
+    read_async,
     test_async_importance_ratio_is_against_the_samplers_log_probs,
     test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo,
     test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_sampler,
@@ -41,6 +47,7 @@ from vllm_async_checks import (  # noqa: F401 -- issue 30's checks, collected he
 )
 from vllm_helpers import (
     KV_CACHE_BYTES,
+    REPO,
     SCRIPTS,
     child_env,
     marked_processes,
@@ -53,7 +60,7 @@ LOGP_TOL = 1e-4  # float32 server vs float32 forward; measured <= 6e-6
 MOVED = 1.0  # training moved the checked log-probs at least this much (measured 2 to 7): a stale server fails
 IS_TOL = 1e-3  # |mean importance-sampling ratio - 1|; measured <= 4e-6
 LEARN_STEPS, WINDOW, RISE = 12, 2, 0.25
-STALL_TIMEOUT = 30.0  # vllm_server_timeout of the stall runs: the watchdog's bound (a generation takes 1-10 s)
+STALL_TIMEOUT = 15.0  # vllm_server_timeout of the stall runs: the watchdog's bound (a generation: 1-10 s under load)
 TIMEOUT = 300.0  # vllm_server_timeout of the runs: the wait for the server, and the bound on every sync request
 SERVER_ARGS = f"--dtype float32 --max_model_len 256 --enforce_eager --kv-cache-memory-bytes {KV_CACHE_BYTES}"
 
@@ -96,12 +103,14 @@ def runs(tmp_path_factory):
         out.mkdir()
         ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
                f"--master_port={free_port()}", str(SCRIPTS / "vllm_server_sync.py"),
-               *_script_args(out, port, model, "ddp")]  # fmt: skip
-        run_checked(ddp, 900, root / "ddp.log", TRL_EXT_TEST_MARK=trainer_mark)
-        finish = [sys.executable, str(SCRIPTS / "vllm_server_finish_reasons.py"), str(out / "finish_reasons.json"),
-                  "--port", str(port), "--model", model, "--group-port", str(free_port())]  # fmt: skip
-        run_checked(finish, 900, root / "finish_reasons.log", TRL_EXT_TEST_MARK=trainer_mark)  # issue 32 item 5
-        result["async"] = run_async(root, port, model)  # issue 30: async rollouts against this server
+               *_script_args(out, port, model, "ddp,async_ddp"), "--group-port", str(free_port())]  # fmt: skip
+        run_checked(ddp, 900, root / "ddp.log", TRL_EXT_TEST_MARK=trainer_mark)  # and issue 30's async checks
+        if deepspeed_required():  # issue 39: ZeRO-3, 4 steps with a checkpoint at 2, then a new trainer resumes
+            config = REPO / "accelerate_configs" / "cpu_zero3.yaml"
+            zero3 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                     "--main_process_port", str(free_port()), str(SCRIPTS / "vllm_server_sync.py"),
+                     *_script_args(out, port, model, "zero3_full,zero3_resume,zero3_peft")]  # fmt: skip
+            run_checked(zero3, 900, root / "zero3.log", TRL_EXT_TEST_MARK=trainer_mark)
         # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
         # sync cut short leaves the server mid-reload: the next trainer's first sync, before it generates, completes
         # it).
@@ -110,7 +119,10 @@ def runs(tmp_path_factory):
         argv = [
             sys.executable,
             str(SCRIPTS / "vllm_server_sync.py"),
-            *_script_args(out, port, model, "exact,padding_free,peft,learn,resume_full,resume,ei,kill"),
+            # issue 32 item 5 (finish reasons) and issue 30 (async) in this process too
+            *_script_args(
+                out, port, model, "resume_full,resume,padding_free,peft,learn,ei,sft,finish_reasons,async,kill"
+            ),
             "--kill-marker",
             str(marker),
         ]
@@ -132,12 +144,19 @@ def runs(tmp_path_factory):
         result["output"] = (root / "single.log").read_text(errors="replace")
         result["trainer_left"] = marked_processes(trainer_mark)
         result["runs"] = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+        result["async"] = read_async(out)
     finally:
         server.stop()
         result["server_left"] = marked_processes(server_mark)
         for pid in marked_processes(server_mark) + marked_processes(trainer_mark):
             os.kill(pid, signal.SIGKILL)  # nothing left for the next module, whatever the assertions say
     return result
+
+
+def deepspeed_required() -> bool:
+    """Whether the ZeRO-3 launch runs: DeepSpeed is installed, or `make test` requires it (the deepspeed extra is
+    part of `make install` on a CPU machine); else the ZeRO-3 tests skip."""
+    return importlib.util.find_spec("deepspeed") is not None or os.environ.get("TRL_EXT_REQUIRE_VLLM") == "1"
 
 
 def _stall(root: Path, out: Path, port: int, model: str, run: str, server) -> dict:
@@ -186,16 +205,20 @@ def _checks(runs: dict, name: str) -> list[dict]:
     return record["checks"]
 
 
-@pytest.mark.parametrize("name", ["exact", "padding_free", "peft", "ddp"])
+@pytest.mark.parametrize("name", ["resume_full", "padding_free", "peft", "ddp", "zero3_full", "zero3_peft"])
 def test_server_log_probs_equal_the_trainers_forward_after_every_step(runs, name):
-    """After each of 3 optimizer steps (learning rate 5e-2) and TRL's sync, the log-probs the server returns for the
-    tokens it generated greedily from 4 fixed prompts equal a float32 forward of the trainer's model on the same
-    tokens, for a plain run, `padding_free`, PEFT LoRA (TRL merges the adapters for the sync and sends the base
-    names) and two DDP processes. Catches a sync that sends nothing or stale weights (the server keeps the initial
-    weights: the check fails by 6.6 at step 1), a missed tensor (a tied LM head left packed from the old weights:
-    differences of 1 and more), misnamed tensors (vLLM refuses them) and LoRA deltas sent unmerged."""
+    """After each of 3 optimizer steps (4 for the runs with a checkpoint; learning rate 5e-2) and TRL's sync, the
+    log-probs the server returns for the tokens it generated greedily from 4 fixed prompts equal a float32 forward of
+    the trainer's weights on the same tokens, for a plain run, `padding_free`, PEFT LoRA (TRL merges the adapters for
+    the sync and sends the base names), two DDP processes and two ZeRO-3 processes, plain and with LoRA (TRL gathers
+    each module's shards for the sync; the forward is of the weights gathered the same way,
+    `deepspeed.zero.GatheredParameters`, into a plain copy with the same adapters). Catches a
+    sync that sends nothing or stale weights (the server keeps the initial weights: the check fails by 6.6 at step
+    1), a missed tensor (a tied LM head left packed from the old weights: differences of 1 and more), misnamed tensors
+    (vLLM refuses them), LoRA deltas sent unmerged and ZeRO-3 shards sent ungathered (vLLM refuses their shapes)."""
+    skip_without_deepspeed(runs, name)
     checks = _checks(runs, name)
-    assert [c["step"] for c in checks] == [1, 2, 3]
+    assert [c["step"] for c in checks] == ([1, 2, 3, 4] if name.endswith("_full") else [1, 2, 3])
     for check in checks:
         assert check["gap"] < LOGP_TOL, (name, check["step"], check["gap"])
         assert check["moved"] > MOVED, (name, check["step"], check["moved"])  # the weights visibly moved
@@ -271,7 +294,7 @@ def test_finished_follows_the_servers_own_finish_reason(runs):
 def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs, run, where):
     """Issue 36: the server's process group stopped (SIGSTOP) just before a generation request (TRL's request has no
     timeout of its own: without the watchdog it waits forever) or in the middle of a weight sync (after the third
-    tensor was handed over): the trainer ends within `vllm_server_timeout` (30 s) plus 5 s of the stop, its output
+    tensor was handed over): the trainer ends within `vllm_server_timeout` (15 s) plus 5 s of the stop, its output
     names the step, the operation and for the sync the tensor, with the server log's last lines, and no process of
     it is left. The watchdog ends it with exit code 3; the gloo sync may instead fail on its own bounded wait (exit
     1, `ServerSyncError` with the same facts)."""
@@ -289,13 +312,18 @@ def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs
     assert record["left"] == []
 
 
-def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_uninterrupted_one(runs):
-    """Issue 36: 4 steps with a checkpoint at step 2 (`resume_full`), then a new trainer resumes from that checkpoint
-    (`resume`) against the same server, which holds the step-4 weights by then. At the resumed run's first generation
-    (after TRL's sync, before step 3) the server's greedy log-probs equal a forward of the trainer's resumed model
-    within 1e-4, and those weights are not the initial ones; steps 3-4 generate the same completions as the
-    uninterrupted run (fixed per-request seed) and log the same losses within 1e-5, rewards and gradient norms."""
-    full, resumed = _record(runs, "resume_full"), _record(runs, "resume")
+@pytest.mark.parametrize("full_name, resumed_name", [("resume_full", "resume"), ("zero3_full", "zero3_resume")])
+def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_uninterrupted_one(
+    runs, full_name, resumed_name
+):
+    """Issue 36 (one process) and issue 39 (two ZeRO-3 processes: DeepSpeed's sharded checkpoint): 4 steps with a
+    checkpoint at step 2, then a new trainer resumes from that checkpoint against the same server, which holds the
+    step-4 weights by then. At the resumed run's first sync (before its first generation, before step 3) the server's
+    greedy log-probs equal a forward of the trainer's resumed weights within 1e-4, and those weights are not the
+    initial ones; steps 3-4 generate the same completions as the uninterrupted run (fixed per-request seed) and log
+    the same losses within 1e-5, rewards and gradient norms."""
+    skip_without_deepspeed(runs, full_name)
+    full, resumed = _record(runs, full_name), _record(runs, resumed_name)
     check = resumed["after_resume"]
     assert check["step"] == 2 and check["gap"] < LOGP_TOL and check["moved"] > MOVED, check
     late = [g for g in full["generations"] if g["step"] >= 2]
@@ -314,10 +342,51 @@ def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_u
 
 def test_expert_iteration_syncs_the_server_over_gloo_exactly(runs):
     """Issue 36: `ExpertIterationTrainer` in server mode on the CPU builds the gloo client GRPO uses (TRL's own
-    client needs NCCL): after 2 EI steps and TRL's sync the server's greedy log-probs equal the trainer's forward."""
+    client needs NCCL): after 2 EI steps and TRL's sync the server's greedy log-probs equal the trainer's forward.
+    And its validation after each EI step (2 SFT steps each: global steps 2 and 4) generated from the weights of that
+    moment: right after it, with no sync of the check's own, the server's log-probs equal the trainer's forward."""
     record = _record(runs, "ei")
     (check,) = record["checks"]
     assert check["gap"] < LOGP_TOL and check["moved"] > 0.1, check
+    validations = record["validation_checks"]
+    assert [c["step"] for c in validations] == [2, 4], validations
+    for check in validations:
+        assert check["gap"] < LOGP_TOL and check["moved"] > MOVED, check
+    assert [e["step"] for e in record["log_history"] if "eval_reward" in e] == [2, 4]
+
+
+def test_sft_validation_pushes_the_weights_to_the_server_over_gloo_exactly(runs):
+    """Issue 36: `ValidatingSFTTrainer` measuring accuracy with a server (`vllm_mode: server`, greedy, 4 Countdown
+    problems) after each of 2 SFT steps (learning rate 5e-2) pushes its weights over the gloo transfer first: right
+    after each measurement, with no sync of the check's own, the server's greedy log-probs on the fixed prompts equal
+    a forward of the trainer's model within 1e-4, and training moved them by more than 1. Catches a validation that
+    measures the server's stale weights or one that needs TRL's NCCL client."""
+    record = _record(runs, "sft")
+    checks = record["validation_checks"]
+    assert [c["step"] for c in checks] == [1, 2], checks
+    for check in checks:
+        assert check["gap"] < LOGP_TOL and check["moved"] > MOVED, check
+    logged = [e for e in record["log_history"] if "eval_reward" in e]
+    assert [e["step"] for e in logged] == [1, 2] and all(e["eval_completions/mean_length"] > 0 for e in logged)
+
+
+def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
+    """Issue 39: the ZeRO-3 runs trained in a `DeepSpeedEngine` at stage 3, and a model loaded after the trainer was
+    built (transformers' `zero.Init` under the active config) came out sharded over the 2 processes: DeepSpeed's
+    communication layer counts both (`trl_ext.grpo.config.join_deepspeed_comm`; before it, that load stopped on
+    DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`)."""
+    skip_without_deepspeed(runs, "zero3_full")
+    for name in ("zero3_full", "zero3_resume", "zero3_peft"):
+        record = _record(runs, name)
+        assert record["wrapped"] == "DeepSpeedEngine", record["wrapped"]
+        facts = record["engine"]
+        assert facts["zero_stage"] == 3 and facts["loaded_sharded"], facts
+        assert facts["shard_numel"] == -(-facts["full_numel"] // 2), facts  # half of the tensor, rounded up
+
+
+def skip_without_deepspeed(runs: dict, name: str) -> None:
+    if name.startswith("zero3") and not deepspeed_required():
+        pytest.skip("DeepSpeed not installed (the deepspeed extra)")
 
 
 def _record(runs: dict, name: str) -> dict:

@@ -1,56 +1,38 @@
 """Asynchronous rollouts (issue 30) with the real CPU engine, against the server of tests/test_vllm_server_sync.py.
 
-Starting `trl vllm-serve` costs 30-100 s here, so these checks share that module's server: its `runs` fixture calls
-`run_async` before the run that kills the server, and the module imports the tests below (pytest collects them
-there, with its fixture). `run_async` runs tests/scripts/vllm_async.py in a child process: four trainers, one after
-another, 4 optimizer steps each on 32 completions of the 8 training prompts (learning rate 5e-2, so each step
-moves the log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request;
-then under torchrun with 2 processes, a synchronous and an async run. Both children cost about 30-60 s here (no
-server start).
+Starting `trl vllm-serve` costs 30-100 s here, so these checks share that module's server: the module's launches
+run tests/scripts/vllm_async.py's runs in their own processes (runs `async` and `async_ddp` of
+tests/scripts/vllm_server_sync.py: no process start of their own), its fixture reads them with `read_async`, and the
+module imports the tests below (pytest collects them there, with its fixture). Four trainers, one after another,
+4 optimizer steps each on 32 completions of the 8 training prompts (learning rate 5e-2, so each step moves the
+log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request; then under
+torchrun with 2 processes, a synchronous and an async run.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import time
 from pathlib import Path
-
-from helpers import free_port
-from vllm_helpers import SCRIPTS, child_env
 
 LOGP_TOL = 1e-4  # the server's float32 log-probs vs a float32 forward of the weights that sampled (measured <= 5e-6)
 STALE_GAP = 1.0  # the same tokens under the scoring weights differ by more (measured 7 to 14 nats at lr 5e-2)
 RATIO_TOL = 1e-4  # TRL's importance ratio vs exp(scorer - sampler) of the plain forwards, clipped (measured 4e-6)
 
 
-def _child(argv: list[str], log: Path) -> str | None:
-    """Runs `argv`; None when it succeeded, else the log's tail (so a failure fails only the async tests)."""
-    with open(log, "w") as handle:
-        proc = subprocess.run(argv, env=child_env(), stdout=handle, stderr=subprocess.STDOUT, timeout=900)
-    return None if proc.returncode == 0 else "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-
-
-def run_async(root: Path, port: int, model: str) -> dict:
-    """Runs tests/scripts/vllm_async.py against the server on `port`, in one process and then under torchrun with
-    two; its records (`ddp`: one per rank), or `{"error": log tail}`."""
-    out, ddp = root / "async", root / "async_ddp"
-    out.mkdir()
-    ddp.mkdir()
-    url, script = f"http://127.0.0.1:{port}", str(SCRIPTS / "vllm_async.py")
-    started = time.monotonic()
-    error = _child([sys.executable, script, url, model, str(out), str(free_port())], root / "async.log")
-    if error is None:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-                    f"--master_port={free_port()}"]  # fmt: skip
-        error = _child([*torchrun, script, url, model, str(ddp), str(free_port()), "ddp"], root / "async_ddp.log")
-    if error is not None:
-        return {"error": error}
-    result = json.loads((out / "result.json").read_text())
-    result["ddp"] = [json.loads((ddp / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
-    return {**result, "seconds": time.monotonic() - started}
+def read_async(out: Path) -> dict:
+    """The records the runs `async` (OUT/async/result.json) and `async_ddp` (OUT/async_ddp/result_rank<R>.json) of
+    tests/scripts/vllm_server_sync.py wrote, or `{"error": ...}` with the first failure's traceback."""
+    for run in ("async", "async_ddp"):
+        error = out / f"{run}.error"
+        if error.exists():
+            return {"error": f"{run}: {error.read_text()}"}
+    try:
+        result = json.loads((out / "async" / "result.json").read_text())
+        result["ddp"] = [json.loads((out / "async_ddp" / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
+    except OSError as exc:
+        return {"error": f"a record is missing: {exc}"}
+    return result
 
 
 def _async(runs: dict) -> dict:

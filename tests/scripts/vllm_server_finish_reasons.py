@@ -26,13 +26,15 @@ def length_reward(completion_ids, **kwargs) -> list[float]:
     return [float(len(ids)) for ids in completion_ids]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Reads the arguments from `argv` (default: the command line); tests/scripts/vllm_server_sync.py calls it in its
+    own process as its run `finish_reasons`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("out_file")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--group-port", type=int)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
     from datasets import Dataset
     from helpers import free_port

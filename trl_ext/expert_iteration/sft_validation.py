@@ -38,6 +38,8 @@ from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
 from trl_ext.grpo.weight_sync.watchdog import install_server_watchdog
 
 VLLM_MODES = ("colocate", "server")
+# TRL's `VLLMGeneration` defaults for the server's address and weight-sync port.
+SERVER_DEFAULTS = {"vllm_server_host": "0.0.0.0", "vllm_server_port": 8000, "vllm_group_port": 51216}
 
 
 @dataclass
@@ -53,8 +55,8 @@ class ValidationAccuracy:
         reward: the reward name (`trl_ext.evaluation.reward_name_for`).
         vllm_mode: `colocate` or `server` (backend `vllm`).
         vllm_gpu_memory_utilization: the colocated engine's share of the GPU.
-
-    In server mode the engine is a `trl vllm-serve` at TRL's default address (port 8000, weight sync on 51216).
+        vllm_server_host, vllm_server_port, vllm_group_port: server mode's `trl vllm-serve` and its weight-sync port
+            (TRL's defaults: 0.0.0.0, 8000, 51216); refused in colocate mode unless left at them.
     """
 
     config: EvalConfig
@@ -63,6 +65,9 @@ class ValidationAccuracy:
     reward: str
     vllm_mode: str = "colocate"
     vllm_gpu_memory_utilization: float = 0.3
+    vllm_server_host: str = SERVER_DEFAULTS["vllm_server_host"]
+    vllm_server_port: int = SERVER_DEFAULTS["vllm_server_port"]
+    vllm_group_port: int = SERVER_DEFAULTS["vllm_group_port"]
 
     def __post_init__(self) -> None:
         if self.config.backend not in ("transformers", "vllm"):
@@ -70,6 +75,11 @@ class ValidationAccuracy:
             raise ValueError(f"backend: validation accuracy generates with 'transformers' or 'vllm', not {backend!r}")
         if self.vllm_mode not in VLLM_MODES:
             raise ValueError(f"vllm_mode: {self.vllm_mode!r}; choose one of {list(VLLM_MODES)}")
+        for name, default in SERVER_DEFAULTS.items():
+            if self.vllm_mode != "server" and getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}: {getattr(self, name)!r} is a server-mode setting; vllm_mode is {self.vllm_mode!r}"
+                )
         if len(self.config.max_tokens) != 1:
             raise ValueError(f"max_tokens: one budget, got {self.config.max_tokens}")
 
@@ -246,6 +256,9 @@ class ValidatingSFTTrainer(SFTTrainer):
                 mode=acc.vllm_mode,
                 gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
                 max_model_length=longest + cfg.max_tokens[0],
+                server_host=acc.vllm_server_host,
+                server_port=acc.vllm_server_port,
+                group_port=acc.vllm_group_port,
             )
         if acc.vllm_mode == "colocate":
             from vllm.platforms import current_platform
