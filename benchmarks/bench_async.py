@@ -353,7 +353,7 @@ def compare(records: dict[str, dict[int, dict]], warmup: int) -> dict:
         "quality": across_seeds(per_seed),
         "per_seed": per_seed,
         "secondary_per_problem_z": {
-            "note": "secondary: 512 held-out problems as the unit, each arm's seeds pooled; the spread between "
+            "note": "secondary: the held-out problems as the unit, each arm's seeds pooled; the spread between "
             "training trajectories is not in it (the across-seed figures are under quality)",
             "heldout_sampled": {arm: sum(acc) / len(acc) for arm, acc in pooled.items()},
             **{f"{arm}-{REFERENCE}": paired_z(pooled[REFERENCE], a) for arm, a in pooled.items() if arm != REFERENCE},
