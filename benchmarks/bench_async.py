@@ -477,6 +477,8 @@ def main() -> None:
     result["setting"] = {
         k: v for k, v in vars(args).items() if k not in ("arm", "run", "batch", "out", "work", "port")
     }
+    if Path(args.init_model).is_relative_to(ROOT):  # the run folder relative to the repository
+        result["setting"]["init_model"] = str(Path(args.init_model).relative_to(ROOT))
     result["core_overlap"] = overlap
     result["walls"] = walls
     result["total_wall_seconds"] = time.perf_counter() - started
