@@ -69,7 +69,7 @@ def tiny_model(char_tokenizer):
 # processing time first). xdist's default reorder sorts modules by their number of tests, which put these few-test,
 # minute-long modules last, with one worker idle while the other ran them.
 LONGEST_FIRST = (
-    "test_evaluation_smollm2.py",  # a real 135M model generating 128 samples
+    "test_evaluation_smollm2.py",  # a real 135M model generating 64 samples
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
     "test_vllm_server_sync.py",  # a real server, 7 trainers (2 DDP ranks) syncing into it
     "test_zero_training.py",  # three 2-process launches side by side (DDP, ZeRO-2, ZeRO-3)

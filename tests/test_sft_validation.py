@@ -145,6 +145,18 @@ def test_loss_drop_compares_the_first_and_last_tenth():
         ),
         (["accuracy_backend: transformers", "accuracy_vllm_mode: server"], "accuracy_vllm_mode"),
         (["accuracy_backend: vllm", "accuracy_batch_size: 8"], "accuracy_batch_size"),
+        (
+            ["accuracy_backend: vllm", "accuracy_vllm_server_port: 8123"],
+            "^accuracy_vllm_server_port=8123 has no effect with accuracy_backend='vllm' and "
+            "accuracy_vllm_mode='colocate'",
+        ),
+        (["accuracy_backend: transformers", "accuracy_vllm_group_port: 51300"], "accuracy_vllm_group_port=51300"),
+        (["accuracy_backend: none", "accuracy_vllm_server_host: 127.0.0.1"], "accuracy_vllm_server_host='127.0.0.1'"),
+        (
+            ["accuracy_backend: vllm", "accuracy_vllm_mode: server", "accuracy_vllm_gpu_memory_utilization: 0.5"],
+            "^accuracy_vllm_gpu_memory_utilization=0.5 has no effect with accuracy_backend='vllm' and "
+            "accuracy_vllm_mode='server'",
+        ),
         (["accuracy_backend: transformers", "eval_strategy: 'no'"], "give an eval_strategy"),
         (["accuracy_backend: transformers", "accuracy_source: /nope.jsonl"], "no such file /nope.jsonl"),
         (["accuracy_backend: transformers", "accuracy_temperature: -1"], "temperature must be >= 0"),
@@ -287,3 +299,36 @@ def test_validation_accuracy_takes_a_servers_address_only_in_server_mode():
     assert (server.vllm_server_port, server.vllm_group_port) == (8123, 51300)
     with pytest.raises(ValueError, match="^vllm_server_port: 8123 is a server-mode setting; vllm_mode is 'colocate'"):
         ValidationAccuracy(config=config, prompts=[], ground_truths=[], reward="countdown", vllm_server_port=8123)
+
+
+def test_the_sft_recipe_gives_validation_its_server_fields(tmp_path):
+    """`accuracy_vllm_server_host` / `_port` / `accuracy_vllm_group_port` of an SFT recipe validating with a server
+    reach the trainer's `ValidationAccuracy` (which hands them to TRL's `VLLMGeneration`:
+    test_validation_accuracy_takes_a_servers_address_only_in_server_mode); unset, they are TRL's own defaults. The
+    trainer is built from the recipe on a tiny model; nothing connects to a server before the first measurement."""
+    import inspect
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from trl_ext.expert_iteration.sft_validation import SERVER_DEFAULTS
+    from trl_ext.recipes import parse_recipe_args
+    from trl_ext.recipes.data import load_sft_datasets
+    from trl_ext.recipes.training import build_sft_trainer, validation_accuracy
+
+    trl_defaults = inspect.signature(VLLMGeneration).parameters
+    assert {name: trl_defaults[name.removeprefix("vllm_")].default for name in SERVER_DEFAULTS} == SERVER_DEFAULTS
+    model, traces, problems = _files(tmp_path)
+    common = ["accuracy_backend: vllm", f"accuracy_source: {problems}", "eval_strategy: steps", "eval_steps: 1"]
+    server = ["accuracy_vllm_mode: server", "accuracy_vllm_server_host: 127.0.0.1", "accuracy_vllm_server_port: 8123",
+              "accuracy_vllm_group_port: 51300"]  # fmt: skip
+    for lines, expected in (
+        (server, {"vllm_server_host": "127.0.0.1", "vllm_server_port": 8123, "vllm_group_port": 51300}),
+        (["accuracy_vllm_mode: server"], SERVER_DEFAULTS),
+    ):
+        script, args, model_args = parse_recipe_args("sft", _yaml(tmp_path, model, traces, *common, *lines))
+        accuracy = validation_accuracy(script, args)
+        assert accuracy.vllm_mode == "server"
+        train, evaluation = load_sft_datasets(script)
+        trainer = build_sft_trainer(args, model_args, train, evaluation, accuracy)
+        assert trainer.vllm_generation is None  # built at the first measurement
+        assert {name: getattr(trainer.accuracy, name) for name in SERVER_DEFAULTS} == expected

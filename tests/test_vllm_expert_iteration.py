@@ -112,6 +112,12 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
     assert all(math.isfinite(x) for r in second for x in r["engine"])
 
 
+def test_the_colocated_cpu_engine_samples_with_the_sampler_fix(ei):
+    """The engine TRL built for the EI trainer samples with `trl_ext.vllm_cpu`'s fix (`use_fp64_gumbel`, read back
+    from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on AVX2."""
+    assert ei["sampler_fixed"] is True
+
+
 def test_sft_accuracy_generates_greedily_with_the_engine(ei):
     """`ValidatingSFTTrainer`'s vLLM path (`accuracy_backend: vllm`) on the same engine, greedy: every token the
     engine chose is the float32 model's argmax wherever its top-2 logits are further apart than bfloat16 can blur

@@ -9,6 +9,7 @@ a server that never gets healthy, one that ignores SIGTERM) stays in tests/test_
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from vllm_helpers import (
     save_engine_model,
 )
 
-from trl_ext.launch import check_port_free
+from trl_ext.launch import check_port_free, run_launch
 
 LOGP_TOL = 1e-4  # float32 server vs float32 forward
 # TRL's vllm-serve flags plus one vLLM flag it forwards: the CPU engine reserves a small, explicit KV cache.
@@ -144,6 +145,10 @@ def test_launch_serves_the_model_and_stops_everything(clean_run):
     client = clean_run["client"]
     assert client["health"] == 200
     assert len(client["completion_ids"]) == 2 and all(0 < len(c) <= 8 for c in client["completion_ids"])
+    # A trainer whose server went away raises after TRL's retries (0 + 4 + 8 + 16 + 32 s of backoff), within the
+    # time the launcher gives it (`server_exit_wait`): the killed run below skips that wait (`--retries 1`).
+    server_exit_wait = inspect.signature(run_launch).parameters["server_exit_wait"].default
+    assert client["retry_sleep"] == 60.0 < server_exit_wait
     for got, ref in zip(client["logprobs"], client["forward_logprobs"], strict=True):
         assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < LOGP_TOL
     assert clean_run["left"] == []
@@ -168,10 +173,11 @@ def test_server_answers_on_loopback_only(clean_run, netns_peer):
 
 def test_server_killed_mid_run_fails_the_launch_with_its_log(setup):
     """SIGKILL to the server while the client generates in a loop: the client's next request fails with a
-    connection error (after TRL's retries), the launcher exits 1 naming the server's exit and showing its log's
-    last lines, and no process of the launch is left. Catches a launcher that waits forever on a trainer whose
-    server is gone, or returns 0, or leaves the engine process behind."""
-    proc, info = _launch(setup, "killed", ["--loop"])
+    connection error (after one retry: TRL's own 60 s of backoff are checked against the launcher's wait in the clean
+    run), the launcher exits 1 naming the server's exit and showing its log's last lines, and no process of the
+    launch is left. Catches a launcher that waits forever on a trainer whose server is gone, or returns 0, or leaves
+    the engine process behind."""
+    proc, info = _launch(setup, "killed", ["--loop", "--retries", "1"])
     try:
         deadline = time.monotonic() + 900
         pid = None

@@ -13,7 +13,8 @@ The fix is vLLM's own `use_fp64_gumbel` setting (`--use-fp64-gumbel` for `vllm s
 touches nothing else (the model still runs as configured), which is narrower than `TORCHDYNAMO_DISABLE=1` (every
 torch.compile of the process). The launcher's CPU server layout (`trl_ext.launch.cpu_layout`), the evaluation's
 vLLM backend (`trl_ext.evaluation.vllm_backend`) and the tests' servers apply it; an engine colocated on the CPU (TRL
-builds it) can get it with `fix_engine_sampler`, not applied yet (docs/launch.md says why).
+builds it, without the setting) gets it from `fix_engine_sampler` once built: the GRPO and expert-iteration trainers
+(`trl_ext.grpo.weight_sync.colocate.install_colocate_weight_sync`) and SFT validation's colocated engine.
 benchmarks/bench_vllm_cpu_sampler.py measures what it costs in tokens/s.
 
 Imports nothing heavy: vLLM objects are only touched where they are passed in.

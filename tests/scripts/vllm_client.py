@@ -1,12 +1,16 @@
 """The trainer stand-in of tests/test_vllm_launch.py: a client of the real vLLM server, through TRL's `VLLMClient`.
 
-Usage: vllm_client.py --port P --model DIR --record FILE [--loop] [--netns NAME --veth-ip IP]
+Usage: vllm_client.py --port P --model DIR --record FILE [--loop] [--retries N] [--netns NAME --veth-ip IP]
 
 Checks `/health`, generates with `VLLMClient.generate` (no weight sync: that needs NCCL and a GPU), scores the
 completions with a plain forward of the same checkpoint, resets the prefix cache, and probes which addresses answer
 on the server's port: 127.0.0.2 (loopback, another address) and, from a network namespace, the host side of a veth
 (another interface of this machine); a listener on 0.0.0.0 is probed the same way as a control. Writes FILE.
 With --loop it then generates until a request fails, writes the error to FILE and exits 1.
+
+FILE also holds `retry_sleep`: the seconds TRL's client sleeps between its retries of a refused connection before it
+raises (urllib3's own backoff of the session's `Retry`; TRL 1.16: 0 + 4 + 8 + 16 + 32). `--retries N` gives the
+session N retries without backoff instead, so a stand-in that only has to fail does not wait them out.
 """
 
 from __future__ import annotations
@@ -47,12 +51,27 @@ def forward_logps(model_dir: str, prompt: list[int], completions: list[list[int]
     return out
 
 
+def retry_sleep(retry) -> float:
+    """Seconds urllib3 sleeps between the retries of `retry` (a `urllib3.Retry`) for connections refused until it
+    gives up."""
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+    total = 0.0
+    while True:
+        try:
+            retry = retry.increment(method="POST", url="/", error=NewConnectionError(None, "refused"))
+        except MaxRetryError:
+            return total
+        total += retry.get_backoff_time()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--loop", action="store_true")
+    parser.add_argument("--retries", type=int)
     parser.add_argument("--netns")
     parser.add_argument("--veth-ip")
     args, _recipe_args = parser.parse_known_args()
@@ -63,6 +82,11 @@ def main() -> None:
     with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
         record["health"] = resp.status
     client = VLLMClient(base_url=base, connection_timeout=10)
+    adapter = client.session.get_adapter(base)
+    record["retry_sleep"] = retry_sleep(adapter.max_retries)
+    if args.retries is not None:
+        adapter.max_retries = adapter.max_retries.new(total=args.retries, connect=args.retries, read=args.retries,
+                                                      backoff_factor=0)  # fmt: skip
     prompt = [10, 11, 12, 13, 14]
     out = client.generate([prompt], n=2, max_tokens=8, temperature=1.0, logprobs=0)
     record["prompt_ids"] = out["prompt_ids"]

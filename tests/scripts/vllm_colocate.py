@@ -7,7 +7,7 @@ weights that sampled them, and TRL's importance-sampling ratio; and, before trai
 weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model; and, for
 tests/test_finished.py's rule, completions the engine stopped with stop strings (with and without the stop string
 in the text) with vLLM's own finish reasons; and per generation, the loss and gradients of the batch with
-`padding_free` off and on.
+`padding_free` off and on; and whether the engine's sampler has `trl_ext.vllm_cpu`'s fix on.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def colocate_trainer(out_dir: Path, steps: int, prompts: list[str], reward, chec
         max_completion_length=8,
         num_generations=4,
         per_device_train_batch_size=8,
-        learning_rate=5e-2,
+        learning_rate=1e-2,
         seed=0,
         bf16=False,
         disable_dropout=True,
@@ -172,6 +172,8 @@ def stopped_completions(llm, tokenizer) -> list[dict]:
 
 
 def main(out_dir: Path, steps: int) -> None:
+    from trl_ext.vllm_cpu import engine_sampler
+
     trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward, check_padding_free=True)
     model, tokenizer, llm = trainer.model, trainer.processing_class, trainer.vllm_generation.llm
     fixed_prompt = tokenizer(FIXED_PROMPT, add_special_tokens=False)["input_ids"]
@@ -188,6 +190,7 @@ def main(out_dir: Path, steps: int) -> None:
         "fixed_before": before,
         "fixed_after": after,
         "engine_dtype": str(llm.llm_engine.model_config.dtype),
+        "sampler_fixed": engine_sampler(llm).use_fp64_gumbel,  # read back from the engine's own sampler
         "model_path": str(out_dir / "model"),
         "stops": STOPS,
         "stopped": stopped_completions(llm, tokenizer),

@@ -164,6 +164,7 @@ def main(out_dir: Path) -> None:
     from vllm_helpers import save_engine_model
 
     from trl_ext.recipes import run_expert_iteration_recipe
+    from trl_ext.vllm_cpu import engine_sampler
 
     torch.set_num_threads(1)
     model = save_engine_model(out_dir / "model")
@@ -207,6 +208,8 @@ def main(out_dir: Path) -> None:
     state = json.loads((out_dir / "run" / "trainer_state.json").read_text())
     sft = sft_accuracy_on_the_engine(trainer_class.instance, data, out_dir)
     result = {**trainer_class.records, "final_eval": final, "log_history": state["log_history"], "sft": sft}
+    # trl_ext.vllm_cpu's fix, read back from the sampler of the engine TRL built for the EI trainer
+    result["sampler_fixed"] = engine_sampler(trainer_class.instance.vllm_generation.llm).use_fp64_gumbel
     (out_dir / "result.json").write_text(json.dumps(result))
 
 

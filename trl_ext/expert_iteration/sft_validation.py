@@ -36,6 +36,7 @@ from trl_ext.evaluation.transformers_backend import generate_transformers
 from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
 from trl_ext.grpo.weight_sync.watchdog import install_server_watchdog
+from trl_ext.vllm_cpu import fix_engine_sampler
 
 VLLM_MODES = ("colocate", "server")
 # TRL's `VLLMGeneration` defaults for the server's address and weight-sync port.
@@ -240,8 +241,8 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def _build_vllm_generation(self):
         """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
-        colocated weight sync of `trl_ext.grpo.weight_sync.colocate`, and a server synced over gloo from a trainer
-        without CUDA (`trl_ext.grpo.weight_sync.client`)."""
+        colocated weight sync of `trl_ext.grpo.weight_sync.colocate` and the sampler fix of `trl_ext.vllm_cpu`, and a
+        server synced over gloo from a trainer without CUDA (`trl_ext.grpo.weight_sync.client`)."""
         from trl.generation.vllm_generation import VLLMGeneration
 
         acc, cfg = self.accuracy, self.accuracy.config
@@ -265,6 +266,7 @@ class ValidatingSFTTrainer(SFTTrainer):
 
             if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (weight_sync.colocate)
                 generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
+                fix_engine_sampler(generation.llm)  # vLLM's compiled CPU sampler skips tokens on AVX2 (vllm_cpu)
         # Server mode: a stalled sync or request stops the run, saying where (trl_ext.grpo.weight_sync.watchdog).
         install_server_watchdog(generation, generation.server_timeout, lambda: self.state.global_step)
         self.vllm_generation = generation

@@ -200,6 +200,16 @@ class SFTScriptArguments:
     accuracy_vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Share of the GPU of the colocated engine (accuracy_vllm_mode colocate)."}
     )
+    # TRL's `VLLMGeneration` defaults (trl_ext.expert_iteration.sft_validation.SERVER_DEFAULTS).
+    accuracy_vllm_server_host: str = field(
+        default="0.0.0.0", metadata={"help": "Host of the `trl vllm-serve` server (accuracy_vllm_mode server)."}
+    )
+    accuracy_vllm_server_port: int = field(
+        default=8000, metadata={"help": "Port of the `trl vllm-serve` server (accuracy_vllm_mode server)."}
+    )
+    accuracy_vllm_group_port: int = field(
+        default=51216, metadata={"help": "The server's weight-sync port (accuracy_vllm_mode server)."}
+    )
     final_eval: bool = field(default=True, metadata={"help": "Evaluate after training and save eval metrics."})
     resume: bool = field(
         default=False,

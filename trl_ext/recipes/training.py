@@ -80,7 +80,9 @@ ACCURACY_FIELDS = {
     "prompt": "accuracy_prompt", "chat": "accuracy_chat", "max_tokens": "accuracy_max_tokens",
     "temperature": "accuracy_temperature", "batch_size": "accuracy_batch_size",
 }  # fmt: skip
-_VLLM_ACCURACY_FIELDS = ("accuracy_vllm_mode", "accuracy_vllm_gpu_memory_utilization")
+# The server's address and weight-sync port (`ValidationAccuracy`'s fields without `accuracy_`).
+_SERVER_ACCURACY_FIELDS = ("accuracy_vllm_server_host", "accuracy_vllm_server_port", "accuracy_vllm_group_port")
+_VLLM_ACCURACY_FIELDS = ("accuracy_vllm_mode", "accuracy_vllm_gpu_memory_utilization", *_SERVER_ACCURACY_FIELDS)
 
 
 def validation_accuracy(script_args, training_args):
@@ -106,9 +108,14 @@ def validation_accuracy(script_args, training_args):
     }.get(backend)
     if ignored is None:
         raise RecipeError(f"accuracy_backend={backend!r}; choose none, transformers or vllm")
+    combination = f"accuracy_backend={backend!r}"
+    if backend == "vllm":  # the colocated engine's share of the GPU, or the server's address: not both
+        mode = script_args.accuracy_vllm_mode
+        ignored += ["accuracy_vllm_gpu_memory_utilization"] if mode == "server" else list(_SERVER_ACCURACY_FIELDS)
+        combination += f" and accuracy_vllm_mode={mode!r}"
     for name in ignored:
         if getattr(script_args, name) != defaults[name]:
-            raise RecipeError(f"{name}={getattr(script_args, name)!r} has no effect with accuracy_backend={backend!r}")
+            raise RecipeError(f"{name}={getattr(script_args, name)!r} has no effect with {combination}")
     if backend == "none":
         return None
     if training_args.eval_strategy == "no":
@@ -124,6 +131,7 @@ def validation_accuracy(script_args, training_args):
             reward=reward_name_for(config.task, config.prompt, config.reward),
             vllm_mode=script_args.accuracy_vllm_mode,
             vllm_gpu_memory_utilization=script_args.accuracy_vllm_gpu_memory_utilization,
+            **{name.removeprefix("accuracy_"): getattr(script_args, name) for name in _SERVER_ACCURACY_FIELDS},
         )
     except (ValueError, FileNotFoundError) as err:
         raise RecipeError(f"validation accuracy (accuracy_* fields): {err}") from err

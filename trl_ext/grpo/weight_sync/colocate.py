@@ -15,6 +15,8 @@ repacked from the new weights. One gap remains: a tied `lm_head` gets no weights
 (`dispatch_cpu_unquantized_gemm(..., remove_weight=False)` of the embedding) keeps the old logits weights;
 `sync_weights_cpu` repacks such layers from their (updated) weight afterwards.
 
+`install_colocate_weight_sync` also turns on the sampler fix of `trl_ext.vllm_cpu` in the colocated CPU engine.
+
 On GPUs nothing here runs: TRL's own sync is used.
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
+
+from trl_ext.vllm_cpu import fix_engine_sampler
 
 
 def _named_params(vllm_generation) -> Iterator[tuple[str, object]]:
@@ -67,7 +71,9 @@ def sync_weights_cpu(vllm_generation) -> None:
 
 
 def install_colocate_weight_sync(trainer) -> bool:
-    """Give a GRPO trainer's colocated CPU vLLM engine a weight sync that works there; no-op in every other case.
+    """Give a GRPO trainer's colocated CPU vLLM engine a weight sync that works there, and the sampler fix of
+    `trl_ext.vllm_cpu` (TRL builds the engine without a way to pass `use_fp64_gumbel`: vLLM's compiled CPU sampler
+    was measured skipping half a vocabulary on AVX2 kernels); no-op in every other case.
 
     Call after `GRPOTrainer.__init__` (which built `trainer.vllm_generation`). Imports nothing from vLLM unless the
     trainer already built a colocated engine.
@@ -76,7 +82,7 @@ def install_colocate_weight_sync(trainer) -> bool:
         trainer: a `trl.GRPOTrainer` (or subclass).
 
     Returns:
-        True when the sync was replaced (colocate mode on vLLM's CPU platform).
+        True when the sync was replaced and the sampler fixed (colocate mode on vLLM's CPU platform).
     """
     generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
     if generation is None or generation.mode != "colocate":
@@ -86,4 +92,5 @@ def install_colocate_weight_sync(trainer) -> bool:
     if not current_platform.is_cpu():
         return False
     generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
+    fix_engine_sampler(generation.llm)
     return True
