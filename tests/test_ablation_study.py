@@ -145,3 +145,19 @@ def test_a_warm_start_folder_without_a_model_is_an_error(tmp_path):
         ensure_warm_start(tmp_path / "sft")
     (tmp_path / "sft" / "config.json").write_text("{}")
     assert ensure_warm_start(tmp_path / "sft") is False
+
+
+def test_two_runs_starting_at_once_build_the_warm_start_once(tmp_path):
+    """Two callers at once (threads here; processes take the same file lock): one builds, the other waits and finds
+    the model; no staging folder is left behind. A small demo (a 2-step SFT) keeps it cheap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trl_ext.demo.config import DemoConfig
+    from trl_ext.demo.warm_start import ensure_warm_start
+
+    cfg = DemoConfig(num_train_problems=40, num_labelled=8, num_eval_problems=4, sft_steps=2, sft_batch_size=4)
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda _: ensure_warm_start(tmp_path / "sft", cfg), range(2)))
+    assert sorted(built) == [False, True]
+    assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "tokenizer_config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
