@@ -405,3 +405,6 @@ def test_response_entropy_equals_a_plain_per_row_forward():
     stats = response_stats(model, tokenizer, problems, 8)
     assert torch.equal(torch.get_rng_state(), state)
     assert 1 <= stats["mean_length"] <= 8 and stats["entropy"] > 0
+    # an untrained model answers nothing right: every response is an incorrect one
+    assert stats["accuracy"] == 0 and stats["correct_length"] is None
+    assert stats["incorrect_length"] == stats["mean_length"]

@@ -3,7 +3,7 @@ module imports only from layers below its own, at the top of the file or inside 
 import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
 #28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
-Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `demo`, `discover` -> `expert_iteration` -> `grpo`,
+Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `grpo`,
 `evaluation` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`,
 `host`."""
 
@@ -20,7 +20,8 @@ LAYERS = (
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),
-    ("recipes", "demo", "discover"),
+    ("demo",),
+    ("recipes", "discover"),
     ("launch",),
     ("study",),
     ("cli",),

@@ -223,11 +223,28 @@ DIFFS["countdown/cpu_tiny.yaml"] = (
     | {"per_device_train_batch_size", "n_grpo_steps", "max_completion_length", "generation_kwargs", "eval_steps"}
     | {"eval_limit", "per_device_eval_batch_size", "report_to", "log_completions", "rollout_log_steps", "save_steps"},
 )
+# The CPU demo's GRPO phase (docs/ablations.md): a recipe of its own (no base), and its arms, which change only the
+# objective (or, off-policy, the optimizer batches per rollout).
+_DEMO_AXES = {"advantage_type", "advantage_eps"}
+DIFFS["countdown/cpu_demo_no_std.yaml"] = ("countdown/cpu_demo.yaml", _DEMO_AXES)
+DIFFS["countdown/cpu_demo_drgrpo_std.yaml"] = ("countdown/cpu_demo.yaml", {"length_normalization"})
+DIFFS["countdown/cpu_demo_drgrpo.yaml"] = ("countdown/cpu_demo.yaml", _DEMO_AXES | {"length_normalization"})
+DIFFS["countdown/cpu_demo_no_clip.yaml"] = ("countdown/cpu_demo.yaml", {"pg_loss_type", "epsilon"})
+for _arm in ("no_baseline", "reinforce_baseline"):
+    DIFFS[f"countdown/cpu_demo_{_arm}.yaml"] = ("countdown/cpu_demo.yaml", _DEMO_AXES | {"pg_loss_type", "epsilon"})
+DIFFS["countdown/cpu_demo_offpolicy_clip.yaml"] = (
+    "countdown/cpu_demo.yaml",
+    {"train_batch_size", "per_device_train_batch_size", "epochs_per_rollout_batch"},
+)
+DIFFS["countdown/cpu_demo_offpolicy_no_clip.yaml"] = (
+    "countdown/cpu_demo_offpolicy_clip.yaml",
+    {"pg_loss_type", "epsilon"},
+)
 # Asynchronous rollouts (issue 30): generation one optimizer step ahead, with TRL's importance-sampling correction.
 for _async, _sync in (("countdown/seed000_grpo_l512_async.yaml", "countdown/seed000_grpo_l512.yaml"),
                       ("gsm8k/r1_zero_async.yaml", "gsm8k/r1_zero.yaml")):  # fmt: skip
     DIFFS[_async] = (_sync, {"async_rollouts", "max_staleness", "vllm_importance_sampling_correction"})
-ROOTS = {"grpo_defaults.yaml", "sft/base.yaml"}
+ROOTS = {"grpo_defaults.yaml", "sft/base.yaml", "countdown/cpu_demo.yaml"}
 
 
 def test_every_recipe_is_in_the_diff_table():
@@ -266,6 +283,11 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
     if recipe == "countdown/cpu_tiny.yaml":  # the CPU study's plain run: a built tiny model, no vLLM, no wandb
         assert script_args.tiny_model and not training_args.use_vllm and training_args.report_to == []
         assert (training_args.max_steps, training_args.num_generations, training_args.eval_steps) == (8, 4, 4)
+        return
+    if recipe.startswith("countdown/cpu_demo"):  # the demo's GRPO phase: its warm start, one core, no wandb
+        assert script_args.demo_warm_start and not training_args.use_vllm and training_args.report_to == []
+        per_rollout = 4 if "offpolicy" in recipe else 1  # 2 epochs x 2 batches of 64
+        assert (training_args.max_steps, training_args.max_completion_length) == (160 * per_rollout, 32)
         return
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":

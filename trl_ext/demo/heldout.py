@@ -79,11 +79,12 @@ def response_stats(model, tokenizer, problems: list[dict], max_new_tokens: int) 
     `entropy` is the token mean over every response token (EOS included) of the entropy of the next-token
     distribution that produced it, `H_t = -sum_v p_v log p_v`, as TRL's `entropy` metric averages it;
     `mean_length` counts a response's tokens through its EOS (TRL's `completions/mean_length`); `accuracy` is the
-    share of the samples the training reward marks correct. Torch's global random state is left as it was, so
-    measuring along a run does not change the run.
+    share of the samples the training reward marks correct; `correct_length` / `incorrect_length` are the mean
+    lengths (tokens, as `mean_length`) of the correct and of the incorrect responses (None when there are none).
+    Torch's global random state is left as it was, so measuring along a run does not change the run.
 
     Returns:
-        `{"entropy", "mean_length", "accuracy"}`.
+        `{"entropy", "mean_length", "accuracy", "correct_length", "incorrect_length"}`.
     """
     import torch
 
@@ -114,10 +115,14 @@ def response_stats(model, tokenizer, problems: list[dict], max_new_tokens: int) 
         for p, r in zip(problems, responses, strict=True)
     ]  # fmt: skip
     model.train(was_training)
+    right = [len(r) for r, c in zip(responses, correct, strict=True) if c]
+    wrong = [len(r) for r, c in zip(responses, correct, strict=True) if not c]
     return {
         "entropy": entropy,
         "mean_length": sum(map(len, responses)) / len(responses),
         "accuracy": sum(correct) / len(correct),
+        "correct_length": sum(right) / len(right) if right else None,
+        "incorrect_length": sum(wrong) / len(wrong) if wrong else None,
     }
 
 

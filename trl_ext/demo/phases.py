@@ -66,7 +66,7 @@ def _callbacks(
             point.update(train_wall_s=round(train_wall, 2), greedy_accuracy=r["greedy_accuracy"])
             point.update({f"response_{k}": v for k, v in stats.items()})
             curve.append(point)
-            shown = "".join(f", response {k} {v:.3g}" for k, v in stats.items())
+            shown = "".join(f", response {k} {v:.3g}" for k, v in stats.items() if v is not None)
             print(
                 f"[{phase}] step {step} held-out greedy accuracy {r['greedy_accuracy']:.3f}{shown} "
                 f"(training CPU {train_cpu:.0f} s)",
@@ -74,7 +74,7 @@ def _callbacks(
             )
             if wandb_run is not None:
                 logged = {f"{phase}/heldout_greedy_accuracy": r["greedy_accuracy"], f"{phase}/cpu_s": train_cpu}
-                wandb_run.log({**logged, **{f"{phase}/response_{k}": v for k, v in stats.items()}})
+                wandb_run.log({**logged, **{f"{phase}/response_{k}": v for k, v in stats.items() if v is not None}})
 
         def on_train_end(self, args, state, control, **kwargs):
             train_cpu, train_wall = self._train_time()

@@ -76,12 +76,12 @@ class TableRow:
 def grpo_recipes(root: Path = ROOT) -> list[str]:
     """Every GRPO recipe YAML under recipes/<task>/ for a task of `trl_ext.recipes.TASK_DEFAULTS` (SFT, the shared
     root defaults, the expert-iteration recipes, which name their `task:`, and the CPU recipes of `trl_ext.tiny`'s
-    model, `tiny_model: true`, aside)."""
+    model, `tiny_model: true`, and of the CPU demo's, `demo_warm_start: true`, aside)."""
     recipes = root / "recipes"
     return sorted(
         p.relative_to(recipes).as_posix()
         for p in recipes.rglob("*.yaml")
-        if p.parent.name in TASK_DEFAULTS and not {"task", "tiny_model"} & set(load_recipe_yaml(p))
+        if p.parent.name in TASK_DEFAULTS and not {"task", "tiny_model", "demo_warm_start"} & set(load_recipe_yaml(p))
     )
 
 

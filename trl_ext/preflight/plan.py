@@ -167,10 +167,16 @@ def check_recipe(
     problems += check_data_source(script_args.dataset_source, "dataset_source")
     problems += check_data_source(script_args.eval_source, "eval_source")
     data = script_args.dataset_source or f"the {task} default"
-    report.lines.append(
-        f"data:    {data} [{script_args.dataset_split}], validation [{script_args.eval_split}] up to "
-        f"{script_args.eval_limit} problems"
-    )
+    if getattr(script_args, "demo_warm_start", False):
+        report.lines.append(
+            f"data:    the CPU demo's unlabelled problems, validation on the first {script_args.eval_limit} of its "
+            "held-out problems (demo_warm_start)"
+        )
+    else:
+        report.lines.append(
+            f"data:    {data} [{script_args.dataset_split}], validation [{script_args.eval_split}] up to "
+            f"{script_args.eval_limit} problems"
+        )
     if context.check_packages:
         problems += check_packages(_package_needs(args, model_args, context))
     return report

@@ -121,6 +121,15 @@ class GRPOScriptArguments:
             "countdown/cpu_server.yaml."
         },
     )
+    demo_warm_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Train the CPU demo's GRPO phase (trl_ext.recipes.demo_warm_start): from the demo's SFT warm "
+            "start, built into model_name_or_path on first use, on the demo's unlabelled problems, validated on its "
+            "held-out problems (greedy and sampled accuracy, entropy, correct / incorrect length as heldout/* in "
+            "the log history). Countdown only; the data fields are then the demo's (stating them is an error)."
+        },
+    )
     expected_completion_tokens: int | None = field(
         default=None,
         metadata={

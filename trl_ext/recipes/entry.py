@@ -31,6 +31,7 @@ from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import OutputDirPlan, make_record, plan_output_dir
 from trl_ext.recipes.parsing import parse_recipe_args, pop_config_flag
 from trl_ext.recipes.stated import stated_values
+from trl_ext.recipes.yaml_chain import RecipeError
 from trl_ext.tiny import ensure_tiny_model
 
 
@@ -87,9 +88,17 @@ def check_parsed_recipe(
     """The checks of a parsed recipe (`check_recipe` on `make_context(recipe.parsed)`); problems not raised.
 
     `trl-ext launch` parses the recipe once (`parse_recipe`, before it plans) and checks it here after planning."""
-    script_args, _, model_args = recipe.parsed
+    script_args, training_args, model_args = recipe.parsed
     if getattr(script_args, "tiny_model", False):  # built before the checks (and the server) look for it
         ensure_tiny_model(model_args.model_name_or_path)
+    if getattr(script_args, "demo_warm_start", False):  # checked, then built before anything looks for it
+        if recipe.task != "countdown":
+            raise RecipeError(f"demo_warm_start trains the Countdown demo's model; {recipe.task} has no warm start")
+        from trl_ext.demo.warm_start import ensure_warm_start
+        from trl_ext.recipes.demo_warm_start import check_demo_recipe
+
+        check_demo_recipe(recipe.stated, script_args, training_args)
+        ensure_warm_start(model_args.model_name_or_path)
     context = make_context(recipe.parsed)
     return check_recipe(recipe.task, recipe.config, list(recipe.argv), recipe.parsed, context, recipe.stated, environ)
 

@@ -61,7 +61,7 @@ def build_grpo_trainer(
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     if eval_dataset is None and training_args.eval_strategy != "no":
         logger.warning("no validation split: eval_strategy %r turned off", str(training_args.eval_strategy))
-        training_args.eval_strategy = "no"
+        training_args.eval_strategy, training_args.eval_on_start = "no", False
     trainer = (trainer_class or AblationGRPOTrainer)(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
@@ -151,7 +151,7 @@ def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, ac
     _require_model(model_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     if eval_dataset is None and accuracy is None and training_args.eval_strategy != "no":
-        training_args.eval_strategy = "no"
+        training_args.eval_strategy, training_args.eval_on_start = "no", False
     tokenizer = None
     if is_prompt_response(train_dataset):
         from transformers import AutoTokenizer
@@ -215,6 +215,24 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
 
     (script_args, training_args, model_args), report = entry_preflight(task, argv)
     adapt_generation_kwargs(training_args)
+    if script_args.demo_warm_start:  # the demo's problems; its held-out set scored by a callback, not by TRL
+        from trl_ext.recipes.demo_warm_start import heldout_callback, load_demo_datasets
+
+        train_dataset, held_out = load_demo_datasets(script_args)
+        reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)
+        validation = heldout_callback(None, held_out, training_args, script_args.final_eval)
+        training_args.eval_strategy, training_args.eval_on_start = "no", False
+        trainer = build_grpo_trainer(script_args, training_args, model_args, reward_funcs, train_dataset, None)
+        validation.tokenizer = trainer.processing_class
+        trainer.add_callback(validation)
+        write_run_record(trainer, training_args.output_dir, report.record)
+        checkpoint = report.output.checkpoint if report.output is not None else None
+        train_save_evaluate(trainer, training_args, script_args, None, checkpoint)
+        last = [h for h in trainer.state.log_history if any(k.startswith("heldout/") for k in h)]
+        metrics = {k: v for k, v in last[-1].items() if k != "step"} if last else {}
+        if script_args.final_eval and metrics:  # eval_results.json: the study's sign that a validating run ended
+            trainer.save_metrics("eval", metrics)
+        return metrics
     # Data and reward names are checked before the model loads: a bad file or name fails in seconds.
     train_dataset, eval_dataset = load_grpo_datasets(task, script_args, training_args)
     reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)

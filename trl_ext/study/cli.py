@@ -103,8 +103,14 @@ def register(app: typer.Typer) -> None:
     def report_command(
         study_file: Path = typer.Argument(..., help="The study file."),
         root: Path = typer.Option(RUNS_ROOT, "--root", help=_ROOT_HELP),
+        out: Path = typer.Option(
+            None,
+            "--out",
+            help="Also write the copies to ship: OUT.md, OUT.json, OUT.png (curves), OUT_lengths.png "
+            "(e.g. benchmarks/results/ablations).",
+        ),
     ) -> None:
-        _report(_load(study_file, root))
+        _report(_load(study_file, root), out)
 
     @study_app.command("cancel", help="scancel the study's Slurm jobs, or SIGTERM its local run.")
     def cancel_command(
@@ -175,9 +181,9 @@ def _wait_slurm(study, poll: float) -> int:
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
 
 
-def _report(study) -> None:
+def _report(study, out: Path | None = None) -> None:
     from trl_ext.study.report import write_report
 
-    write_report(study)
+    write_report(study, out)
     typer.echo(f"report: {study.report_dir / 'report.md'}")
     typer.echo((study.report_dir / "report.md").read_text())

@@ -25,10 +25,22 @@ from scipy import stats
 
 from trl_ext.run_logs import load_run, metric_key, series
 from trl_ext.study.progress import is_finished
-from trl_ext.study.spec import Study
+from trl_ext.study.spec import DEFAULT_METRICS, Study
 
 CURVES = (("train reward", "reward"), ("validation accuracy", "eval_rewards/*/answer_reward"), ("entropy", "entropy"))
 CONFIDENCE = 0.95
+#: The logged wall-clock seconds of a run's training loop (HF Trainer's last train entry; evaluations inside the loop
+#: included, model loading and saving not).
+WALL_CLOCK = "train_runtime"
+
+
+def curves_of(study: Study) -> tuple[tuple[str, str], ...]:
+    """The panels: `CURVES` for the default metric; otherwise the train reward, each of the study's metrics, and the
+    training entropy."""
+    if tuple(study.metrics) == DEFAULT_METRICS:
+        return CURVES
+    panels = [("train reward", "reward"), *((m, m) for m in study.metrics)]
+    return (*panels, *((("train entropy", "entropy"),) if "entropy" not in study.metrics else ()))
 
 
 def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> dict:
@@ -118,6 +130,8 @@ def collect(study: Study) -> dict:
         entry["mean_length_chars"] = {k: (float(np.mean(v)) if v else None) for k, v in lengths.items()}
         entries = [final_value(d["log"].history, "entropy") for d in seeds.values()]
         entry["final_entropy"] = mean_ci([e for e in entries if e is not None])
+        walls = {s: final_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
+        entry["wall_clock_s"] = {**mean_ci([w for w in walls.values() if w is not None]), "per_seed": walls}
         summary["arms"][name] = entry
     return {"summary": summary, "raw": arms}
 
@@ -152,8 +166,9 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
 
     raw = data["raw"]
     paths = []
-    fig, axes = plt.subplots(len(CURVES), 2, figsize=(11, 3.2 * len(CURVES)), squeeze=False)
-    for row, (title, key) in enumerate(CURVES):
+    panels = curves_of(study)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
+    for row, (title, key) in enumerate(panels):
         for col, axis in enumerate(("step", "wall_clock")):
             ax = axes[row][col]
             for arm, seeds in raw.items():
@@ -198,7 +213,7 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def render_markdown(study: Study, summary: dict) -> str:
+def render_markdown(study: Study, summary: dict, curves: str = "curves.png", lengths: str = "lengths.png") -> str:
     lines = [f"# Study {study.name}", ""]
     if study.description:
         lines += [study.description, ""]
@@ -237,12 +252,29 @@ def render_markdown(study: Study, summary: dict) -> str:
         lines.append(
             f"| {arm} | {_fmt(ln['correct'])} | {_fmt(ln['incorrect'])} | {_fmt(entry['final_entropy']['mean'])} |"
         )
-    lines += ["", "![curves](curves.png)", "", "![lengths](lengths.png)", ""]
+    lines += [
+        "",
+        f"## Wall clock ({WALL_CLOCK}: the training loop with its validations, per run)",
+        "",
+        "| arm | seeds | mean (s) | 95% CI | per seed (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, entry in summary["arms"].items():
+        w = entry["wall_clock_s"]
+        ci = f"[{_fmt(w['low'])}, {_fmt(w['high'])}]" if w["low"] is not None else "-"
+        per = ", ".join(f"{s}: {_fmt(v)}" for s, v in sorted(w["per_seed"].items()))
+        lines.append(f"| {arm} | {w['n']} | {_fmt(w['mean'])} | {ci} | {per} |")
+    lines += ["", f"![curves]({curves})", "", f"![lengths]({lengths})", ""]
     return "\n".join(lines)
 
 
-def write_report(study: Study) -> dict:
-    """Writes report.md, report.json, curves.png and lengths.png under `runs/<study>/report/`; returns the summary."""
+def write_report(study: Study, out: str | Path | None = None) -> dict:
+    """Writes report.md, report.json, curves.png and lengths.png under `runs/<study>/report/`; returns the summary.
+
+    With `out` (a path without suffix, e.g. `benchmarks/results/ablations`) also the copies to ship: `<out>.md`,
+    `<out>.json`, `<out>.png` (the curves) and `<out>_lengths.png`, the Markdown pointing at those figures."""
+    import shutil
+
     data = collect(study)
     folder = study.report_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -250,4 +282,12 @@ def write_report(study: Study) -> dict:
     (folder / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     plot(study, data, folder)
     (folder / "report.md").write_text(render_markdown(study, summary))
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / "report.json", out.with_name(out.name + ".json"))
+        shutil.copyfile(folder / "curves.png", out.with_name(out.name + ".png"))
+        shutil.copyfile(folder / "lengths.png", out.with_name(out.name + "_lengths.png"))
+        markdown = render_markdown(study, summary, f"{out.name}.png", f"{out.name}_lengths.png")
+        out.with_name(out.name + ".md").write_text(markdown)
     return summary

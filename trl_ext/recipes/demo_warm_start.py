@@ -1,0 +1,153 @@
+"""`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml).
+
+- the model: the demo's SFT warm start, built into `model_name_or_path` on first use (`trl_ext.demo.warm_start`);
+- the training problems: the demo's unlabelled ones (`limit` keeps the first N), compact prompts;
+- the validation: the demo's held-out problems (`eval_limit`: the first N of the 512) scored by the demo's own
+  `heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at temperature 1)
+  and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the correct and of
+  the incorrect responses, in tokens), at step 0, every `eval_steps` and after the last step (`final_eval`).
+  The numbers go into the trainer's log history as `heldout/<name>` (trainer_state.json), where `trl-ext study
+  report` and `trl-ext plot` read them; TRL's own evaluation does not run.
+
+The recipe states no data fields: the problems are the demo's. A field the combination ignores is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from trl_ext.recipes.yaml_chain import RecipeError
+
+#: Prefix of the held-out numbers in the log history.
+PREFIX = "heldout/"
+#: Recipe fields that name data or a model build the demo's problems and warm start replace.
+REPLACED = ("dataset_source", "dataset_split", "eval_source", "eval_split", "tiny_model")
+
+
+def check_demo_recipe(stated: dict, script_args, training_args) -> None:
+    """The checks of a `demo_warm_start` recipe, before anything is built or loaded.
+
+    Raises:
+        RecipeError: naming the field that the combination ignores or that contradicts the warm start.
+    """
+    from trl_ext.demo.config import DemoConfig
+
+    for name in REPLACED:
+        if name in stated:
+            raise RecipeError(f"{name} has no effect with demo_warm_start (the demo's problems and model); remove it")
+    if script_args.prompt != "compact" or script_args.chat_template:
+        raise RecipeError(
+            f"demo_warm_start trains the demo's model, which reads compact prompts without a chat template: "
+            f"set prompt: compact and chat_template: false (got prompt {script_args.prompt!r}, chat_template "
+            f"{script_args.chat_template})"
+        )
+    size = DemoConfig().num_eval_problems
+    if script_args.eval_limit is None or not 1 <= script_args.eval_limit <= size:
+        raise RecipeError(
+            f"eval_limit={script_args.eval_limit}: demo_warm_start validates on the first N of the demo's "
+            f"{size} held-out problems; give 1..{size}"
+        )
+    strategy = str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy))
+    if strategy not in ("steps", "no"):
+        raise RecipeError(f"eval_strategy={strategy!r}: demo_warm_start validates by steps (eval_steps) or not ('no')")
+    if strategy == "no" and not script_args.final_eval:
+        for name in ("eval_limit", "eval_steps", "num_generations_eval"):
+            if name in stated:
+                raise RecipeError(f"{name} has no effect: eval_strategy 'no' and final_eval false never validate")
+    if (training_args.num_generations_eval or 0) < 0:
+        raise RecipeError(f"num_generations_eval={training_args.num_generations_eval} must be >= 0")
+    default = {f.name: f.default for f in fields(type(training_args))}["per_device_eval_batch_size"]
+    if training_args.per_device_eval_batch_size != default:
+        raise RecipeError(
+            "per_device_eval_batch_size has no effect with demo_warm_start (the held-out set is scored in one batch)"
+        )
+
+
+def load_demo_datasets(script_args):
+    """(training dataset of the demo's unlabelled problems, the held-out problems to validate on)."""
+    from trl_ext.demo.data import grpo_dataset
+    from trl_ext.demo.warm_start import demo_problems
+
+    unlabelled, held_out = demo_problems()
+    if script_args.limit is not None:
+        unlabelled = unlabelled[: script_args.limit]
+    return grpo_dataset(unlabelled), held_out[: script_args.eval_limit]
+
+
+def validation_points(
+    max_steps: int, eval_strategy: str, eval_steps: float | None, final: bool, on_start: bool = False
+) -> list[int]:
+    """The optimizer steps after which the held-out set is scored: 0 (the start) with `on_start`, every
+    `eval_steps` (a fraction below 1 is of `max_steps`, rounded up, as transformers reads it) and `max_steps` with
+    `final`."""
+    import math
+
+    points: set[int] = {0} if on_start else set()
+    if eval_strategy == "steps" and eval_steps:
+        every = math.ceil(max_steps * eval_steps) if eval_steps < 1 else int(eval_steps)
+        points |= set(range(every, max_steps + 1, every))
+    if final:
+        points.add(max_steps)
+    return sorted(points)
+
+
+def heldout_numbers(model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int) -> dict:
+    """The `heldout/*` numbers of one validation (module docstring)."""
+    import time
+
+    from trl_ext.demo.heldout import evaluate, response_stats
+
+    started = time.perf_counter()
+    scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens)
+    stats = response_stats(model, tokenizer, problems, max_new_tokens)
+    out = {"greedy_accuracy": scores["greedy_accuracy"]}
+    if num_samples:
+        out["sampled_accuracy"] = scores["sampled_accuracy"]
+        out[f"pass@{num_samples}"] = scores[f"pass@{num_samples}"]
+    out.update(
+        entropy=stats["entropy"],
+        mean_length=stats["mean_length"],
+        correct_length=stats["correct_length"],
+        incorrect_length=stats["incorrect_length"],
+        sample_accuracy=stats["accuracy"],
+        seconds=time.perf_counter() - started,
+    )
+    return {PREFIX + k: v for k, v in out.items() if v is not None}
+
+
+def heldout_callback(tokenizer, problems: list[dict], training_args, final: bool):
+    """A `TrainerCallback` that scores `problems` at `validation_points` and appends `{"heldout/...": ..., "step"}`
+    to the trainer's log history (main process only). Reads the eval schedule from `training_args`; the caller then
+    turns TRL's own evaluation off."""
+    from transformers import TrainerCallback
+
+    strategy = str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy))
+    eval_steps = training_args.eval_steps
+    on_start = bool(training_args.eval_on_start)
+    num_samples = training_args.num_generations_eval or 0
+    max_new_tokens = training_args.max_completion_length
+
+    class HeldoutValidation(TrainerCallback):
+        def __init__(self):
+            self.tokenizer = tokenizer  # None: set once the trainer has loaded it (`trainer.processing_class`)
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.points = set(validation_points(state.max_steps, strategy, eval_steps, final, on_start))
+            if state.global_step == 0 and 0 in self.points:
+                self._measure(state, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step in self.points:
+                self._measure(state, model)
+
+        def _measure(self, state, model) -> None:
+            if not state.is_world_process_zero:
+                return
+            numbers = heldout_numbers(
+                getattr(model, "module", model), self.tokenizer, problems, num_samples, max_new_tokens
+            )
+            state.log_history.append({**numbers, "step": state.global_step})
+            shown = ", ".join(f"{k.removeprefix(PREFIX)} {v:.4g}" for k, v in numbers.items())
+            print(f"held-out ({len(problems)} problems) at step {state.global_step}: {shown}", flush=True)
+
+    return HeldoutValidation()
