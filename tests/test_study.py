@@ -228,6 +228,27 @@ def test_report_reads_the_run_folders(tmp_path):
     assert "| b | 1 | 0.3 | - | 0.1, -, p - (1 pairs) |" in (study.report_dir / "report.md").read_text()
 
 
+def test_report_without_example_rollouts_draws_no_empty_length_figure(tmp_path):
+    """Runs that log no example rollouts (`rollout_log_steps: 0`) leave the length figure out, in the report folder,
+    its Markdown and the shipped copies, rather than drawing empty axes; a figure from an earlier report goes."""
+    study = load_study(_write(tmp_path, BASE), tmp_path)
+    key = "eval_rewards/countdown_reward/answer_reward"
+    for arm in ("a", "b"):
+        for seed in (0, 1):
+            folder = study.folder / arm / f"seed{seed}"
+            _fake_run(folder, [{"step": 2, "reward": 0.2, "entropy": 1.0}, {"step": 2, key: 0.5}], [])
+            (folder / "eval_results.json").write_text("{}")
+    study.report_dir.mkdir(parents=True)
+    (study.report_dir / "lengths.png").write_bytes(b"stale")
+    out = tmp_path / "shipped" / "ablations"
+    summary = write_report(study, out=out)
+    assert summary["arms"]["a"]["mean_length_chars"] == {"correct": None, "incorrect": None}
+    assert not (study.report_dir / "lengths.png").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ablations.json", "ablations.md", "ablations.png"]
+    for md in (study.report_dir / "report.md", out.with_suffix(".md")):
+        assert "![curves]" in md.read_text() and "lengths" not in md.read_text().split("![curves]")[1]
+
+
 def test_progress_from_the_log_and_finished_from_the_folder(tmp_path):
     log = tmp_path / "seed0.log"
     log.write_text(

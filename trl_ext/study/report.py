@@ -187,6 +187,10 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=90)
     plt.close(fig)
 
+    lengths_png = folder / "lengths.png"
+    lengths_png.unlink(missing_ok=True)  # a figure from an earlier report would outlive the data it drew
+    if not any(per[k] for seeds in raw.values() for d in seeds.values() for per in d["lengths"].values() for k in per):
+        return paths  # no run logged example rollouts (`rollout_log_steps: 0`): nothing to draw
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.5), squeeze=False)
     for col, kind in enumerate(("correct", "incorrect")):
         ax = axes[0][col]
@@ -203,7 +207,7 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
         if ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(folder / "lengths.png")
+    paths.append(lengths_png)
     fig.savefig(paths[-1], dpi=90)
     plt.close(fig)
     return paths
@@ -213,7 +217,9 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def render_markdown(study: Study, summary: dict, curves: str = "curves.png", lengths: str = "lengths.png") -> str:
+def render_markdown(
+    study: Study, summary: dict, curves: str = "curves.png", lengths: str | None = "lengths.png"
+) -> str:
     lines = [f"# Study {study.name}", ""]
     if study.description:
         lines += [study.description, ""]
@@ -264,12 +270,15 @@ def render_markdown(study: Study, summary: dict, curves: str = "curves.png", len
         ci = f"[{_fmt(w['low'])}, {_fmt(w['high'])}]" if w["low"] is not None else "-"
         per = ", ".join(f"{s}: {_fmt(v)}" for s, v in sorted(w["per_seed"].items()))
         lines.append(f"| {arm} | {w['n']} | {_fmt(w['mean'])} | {ci} | {per} |")
-    lines += ["", f"![curves]({curves})", "", f"![lengths]({lengths})", ""]
+    lines += ["", f"![curves]({curves})", ""]
+    if lengths is not None:
+        lines += [f"![lengths]({lengths})", ""]
     return "\n".join(lines)
 
 
 def write_report(study: Study, out: str | Path | None = None) -> dict:
-    """Writes report.md, report.json, curves.png and lengths.png under `runs/<study>/report/`; returns the summary.
+    """Writes report.md, report.json, curves.png and lengths.png (when the runs logged example rollouts) under
+    `runs/<study>/report/`; returns the summary.
 
     With `out` (a path without suffix, e.g. `benchmarks/results/ablations`) also the copies to ship: `<out>.md`,
     `<out>.json`, `<out>.png` (the curves) and `<out>_lengths.png`, the Markdown pointing at those figures."""
@@ -280,14 +289,17 @@ def write_report(study: Study, out: str | Path | None = None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     summary = data["summary"]
     (folder / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    plot(study, data, folder)
-    (folder / "report.md").write_text(render_markdown(study, summary))
+    has_lengths = folder / "lengths.png" in plot(study, data, folder)
+    (folder / "report.md").write_text(render_markdown(study, summary, lengths="lengths.png" if has_lengths else None))
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / "report.json", out.with_name(out.name + ".json"))
         shutil.copyfile(folder / "curves.png", out.with_name(out.name + ".png"))
-        shutil.copyfile(folder / "lengths.png", out.with_name(out.name + "_lengths.png"))
-        markdown = render_markdown(study, summary, f"{out.name}.png", f"{out.name}_lengths.png")
+        lengths = None
+        if has_lengths:
+            lengths = f"{out.name}_lengths.png"
+            shutil.copyfile(folder / "lengths.png", out.with_name(lengths))
+        markdown = render_markdown(study, summary, f"{out.name}.png", lengths)
         out.with_name(out.name + ".md").write_text(markdown)
     return summary
