@@ -99,14 +99,30 @@ RECIPE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, 
 
 
 def ensure_tiny_model(path, seed: int = 0) -> bool:
-    """Build `RECIPE_MODEL` (character tokenizer, float32, `seed`) and save it to `path`, unless a model is there.
-
-    Built in a sibling folder and renamed into place, so processes that race (training ranks, the launcher) never
-    read a half-written folder; the build is seeded, so whichever wins holds the same model.
+    """Build `RECIPE_MODEL` (character tokenizer, float32, `seed`) and save it to `path`, unless a model is there
+    (`build_model_folder`: processes that race, training ranks and the launcher, never read a half-written folder;
+    the build is seeded, so whichever wins holds the same model).
 
     Returns:
         True when this call built it.
     """
+    return build_model_folder(path, lambda staging: save_tiny_model(staging, seed=seed, **RECIPE_MODEL))
+
+
+def build_model_folder(path, build, lock: bool = False) -> bool:
+    """Run `build(staging)` in a sibling folder of `path` and rename it into place, unless a model (`config.json`)
+    is there already: no reader ever sees a half-written folder. Without `lock` processes that race each build and
+    the first rename wins (for builds that cost seconds); with it they take an exclusive file lock beside the folder,
+    so one builds and the others wait for its model (for builds that cost minutes).
+
+    Returns:
+        True when this call built it.
+
+    Raises:
+        FileExistsError: `path` exists but holds no model.
+    """
+    import contextlib
+    import fcntl
     import os
     import shutil
     import tempfile
@@ -116,16 +132,23 @@ def ensure_tiny_model(path, seed: int = 0) -> bool:
     if (path / "config.json").is_file():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        save_tiny_model(staging, seed=seed, **RECIPE_MODEL)
-        os.rename(staging, path)  # fails if another process put a model (or anything) there first
-    except OSError:
-        if not (path / "config.json").is_file():
-            raise
-        return False
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with open(path.parent / f".{path.name}.lock", "w") if lock else contextlib.nullcontext() as held:
+        if held is not None:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            if (path / "config.json").is_file():  # built by the process that held the lock before us
+                return False
+        if path.exists() and not (path / "config.json").is_file():
+            raise FileExistsError(f"{path} exists but holds no model (config.json); remove it or choose another")
+        staging = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            build(staging)
+            os.rename(staging, path)  # fails if another process put a model (or anything) there first
+        except OSError:
+            if not (path / "config.json").is_file():
+                raise
+            return False
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return True
 
 

@@ -12,7 +12,6 @@ import functools
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 from trl_ext.demo.config import DemoConfig
@@ -68,23 +67,10 @@ def ensure_warm_start(path: str | os.PathLike, cfg: DemoConfig | None = None) ->
     Returns:
         True when this call built it.
     """
-    import fcntl
+    from trl_ext.tiny import build_model_folder
 
-    path = Path(path)
-    if (path / "config.json").is_file():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / "config.json").is_file():  # built by the process that held the lock before us
-            return False
-        if path.exists():
-            raise FileExistsError(f"{path} exists but holds no model (config.json); remove it or choose another")
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            print(f"building the demo's warm start (SFT, seed {(cfg or DemoConfig()).seed}) into {path}", flush=True)
-            build_warm_start(staging, cfg)
-            os.rename(staging, path)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return True
+    def build(staging: str) -> None:
+        print(f"building the demo's warm start (SFT, seed {(cfg or DemoConfig()).seed}) into {path}", flush=True)
+        build_warm_start(Path(staging), cfg)
+
+    return build_model_folder(path, build, lock=True)
