@@ -75,7 +75,8 @@ def test_files_without_a_record_need_resume(tmp_path):
 def _run(cwd: Path, config: Path, home: Path, *extra: str, launcher: bool = True) -> subprocess.CompletedProcess:
     """The recipe as a user's scheduler starts it: no wandb login (fresh HOME, no key), no TTY (stdin /dev/null).
     `launcher=False` runs the entry point without `accelerate launch` (one interpreter start instead of two), for
-    the runs the preflight refuses before anything is launched."""
+    the runs the preflight refuses before anything is launched and for the resumed run (the first one went through
+    the launcher). The recipe starts through tests/scripts/without_vllm.py: it generates with transformers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     env["TOKENIZERS_PARALLELISM"] = "false"
