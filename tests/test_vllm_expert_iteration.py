@@ -10,7 +10,9 @@ Tolerances: the SFT loss and entropies are the trainer's float32 forward against
 weights (measured gaps <= 1e-6; tolerance 1e-4). TRL builds the colocated engine without a dtype, so vLLM samples
 in bfloat16: the engine's log-probs of its sampled tokens differ from the float32 forward by up to 0.06 with this
 model (std-0.1 weights; 0.01 on average), tolerance 0.15; one SFT step at lr 2e-3 moves them by 1.0 to 1.2 on
-average. Measured under ATEN_CPU_CAPABILITY=default and avx2 (different samples, same margins).
+average. Measured under ATEN_CPU_CAPABILITY=default and avx2 (different samples, same margins), with vLLM's
+inductor-compiled graph. The engine now runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 54 CPU s for the
+module on this machine instead of 83); one such run measured up to 0.074 (0.012 on average), moved by 0.71.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import math
 from collections import Counter
 
 import pytest
-from vllm_helpers import require_vllm_cpu, run_script
+from vllm_helpers import EAGER_GRAPH, require_vllm_cpu, run_script
 
 TOL = 1e-4
 ENGINE_TOL = 0.15
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.slow
 def ei(tmp_path_factory):
     require_vllm_cpu()
     out = tmp_path_factory.mktemp("expert_iteration")
-    run_script("vllm_expert_iteration.py", str(out), timeout=900, log=out / "run.log")
+    run_script("vllm_expert_iteration.py", str(out), timeout=900, log=out / "run.log", **EAGER_GRAPH)
     return json.loads((out / "result.json").read_text())
 
 
@@ -108,7 +110,7 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
     second = _train_batches(ei)[1]["rows"]
     moved = [abs(a - b) for r in second for a, b in zip(r["engine"], r["initial"], strict=True)]
     noise = [abs(a - b) for r in second for a, b in zip(r["engine"], r["forward"], strict=True)]
-    assert sum(moved) / len(moved) > 0.3 > 10 * sum(noise) / len(noise)  # measured 1.0-1.2 against 0.01
+    assert sum(moved) / len(moved) > 0.3 > 10 * sum(noise) / len(noise)  # measured 0.7-1.2 against 0.01
     assert all(math.isfinite(x) for r in second for x in r["engine"])
 
 

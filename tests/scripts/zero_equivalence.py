@@ -27,6 +27,10 @@ import torch
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(TESTS / "scripts"))
+# No generation here (the completions are fixed): hide vLLM, which TRL's GRPO module imports whenever it is installed
+# (8 of a process's 20 CPU seconds of imports on a 2-core CPU; six processes per test run). `find_spec("vllm")` is
+# then None, so TRL's `is_vllm_available()` is False and nothing of vLLM loads.
+sys.modules["vllm"] = None
 
 # run -> (TRL loss_type, None: the project's default objective; beta)
 # (Dr.GRPO first: with `use_cpu=True` a process's first GRPOTrainer with beta > 0 under an accelerate DeepSpeed
