@@ -54,13 +54,20 @@ def _with_seed(argv: list[str], seed: int) -> list[str]:
     return argv
 
 
+# The later seeds start from the first seed's warm start, on its problems (the labelled set its SFT saw, the rest
+# unlabelled): their seed moves GRPO's sampling and problem order and the control's solution draws and order, not the
+# start. No wandb run and no curve points there: the first seed's run checks those, and neither moves the arms.
+SHARED_START = ["--problem_seed", str(SEEDS[0]), "--no-wandb", "--curve_points", "0"]
+
+
 @pytest.fixture(scope="module")
 def reduced_runs(tmp_path_factory):
-    """The reduced run at each of SEEDS: `[(output_dir, metrics)]`, seed 0 first."""
+    """The reduced run at each of SEEDS: `[(output_dir, metrics)]`, seed 0 first; the others from its SFT model."""
     runs = []
     for seed in SEEDS:
         out = tmp_path_factory.mktemp("demo") / f"run_seed{seed}"
-        runs.append((out, demo.main([*_with_seed(SMALL, seed), "--output_dir", str(out)])))
+        shared = [*SHARED_START, "--init_model", str(runs[0][0] / "sft_model")] if runs else []
+        runs.append((out, demo.main([*_with_seed(SMALL, seed), *shared, "--output_dir", str(out)])))
     return runs
 
 
@@ -105,6 +112,11 @@ def test_held_out_is_fixed_and_disjoint_from_training():
     assert [demo.problem_key(p) for p in held0] == [demo.problem_key(p) for p in held1]  # same set for every seed
     assert not keys & {demo.problem_key(p) for p in train0 + train1}
     assert {demo.problem_key(p) for p in train0} != {demo.problem_key(p) for p in train1}  # the seed matters
+    # --problem_seed draws another seed's training problems (a later seed's run from that seed's warm start)
+    cfg10 = demo.parse_args(
+        ["--num_train_problems", "2000", "--num_eval_problems", "256", "--seed", "1", "--problem_seed", "0"]
+    )
+    assert demo.make_splits(cfg10) == (train0, held0)
 
 
 def test_unlabelled_problems_carry_no_solution_and_do_not_overlap_the_labelled():
@@ -313,6 +325,7 @@ def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
         (["--epochs_per_rollout", "0"], "--epochs_per_rollout"),
         (["--grpo_warmup_steps", "-5"], "--grpo_warmup_steps"),
         (["--control_steps", "-1"], "--control_steps"),
+        (["--problem_seed", "-2"], "--problem_seed"),
         (["--num_labelled", "0"], "--num_labelled"),
         (["--num_train_problems", "500", "--num_labelled", "500"], "--num_labelled"),
         (["--ei_steps", "5"], "--ei_steps.*only with --ei"),  # an EI setting without the arm
