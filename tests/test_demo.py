@@ -14,15 +14,15 @@ from trl_ext import demo
 from trl_ext.demo.phases import curve_steps
 from trl_ext.demo.report import comparison_table
 
-# Reduced run (the full one is `make run`): an easier Countdown (3 numbers up to 9, targets up to 25), a
-# 76k-parameter model, 128 labelled problems for SFT and the control, GRPO on the other 772 at lr 1e-3, 512 held-out
-# problems; about 90 CPU s per seed (two seeds, SEEDS). Float rounding differs with the CPU's vector unit and the
-# thread count, so the trajectory differs from machine to machine: the claim must hold for any trajectory of this
-# size, not for one. The sizes were chosen for a wide effect: with 64 labelled problems the start was ~3% greedy,
-# GRPO's groups rarely held a correct answer, and GRPO - control was +2.7 to +5.5 points depending on the machine (CI
-# failed with +2.5 sampled); with 128 the start is ~6%, GRPO's lr 1e-3 (2e-4 gained half as much in 300 steps)
-# doubles it, and the control memorises its 128 problems and falls back. Margins are paired z statistics over the
-# held-out problems (see PAIRED_Z_MIN).
+# Reduced run (the full one is `make run`): an easier Countdown (3 numbers up to 9, targets up to 25), a 76k-parameter
+# model, 128 labelled problems for SFT and the control, GRPO on the other 772 at lr 1e-3, 512 held-out problems; two
+# seeds (SEEDS), the second from the first's warm start (SHARED_START). Float rounding differs with the CPU's vector
+# unit and the thread count, so the trajectory differs from machine to machine: the claim must hold for any trajectory
+# of this size, not for one. The sizes were chosen for a wide effect: with 64 labelled problems the start was ~3%
+# greedy, GRPO's groups rarely held a correct answer, and GRPO - control was +2.7 to +5.5 points depending on the
+# machine (CI failed with +2.5 sampled); with 128 the start is ~6%, GRPO's lr 1e-3 (2e-4 gained half as much in 300
+# steps) doubles it, and the control memorises its 128 problems and falls back. Margins are paired z statistics over
+# the held-out problems (see PAIRED_Z_MIN).
 SMALL = [
     "--num_train_problems", "900", "--num_labelled", "128", "--max_number", "9", "--max_target", "25",
     "--num_eval_problems", "512", "--eval_samples", "16",
@@ -44,6 +44,12 @@ SMALL = [
 # single-run mean for the pair, so each bound sits >= 2.7 trajectory SDs below the pooled mean (5.2 for sampled vs
 # control). Sampled accuracy (16 samples per problem) carries the claim with significance; greedy (one 0/1 outcome
 # per problem) only has to agree in direction vs the control. Per-run values: docs/testing.md.
+# Since the second seed starts from the first seed's warm start on its problems (SHARED_START, saving its SFT: 20-30
+# CPU s), the test covers one SFT trajectory per setting, not two; the GRPO and control trajectories that carry the
+# claim are still two (other sampling, problem order and solution draws). Measured on a 2-core AMD EPYC with AVX2 and
+# no AVX-512, 1 thread, seed 1 from seed 0's start, z per run (same order as PAIRED_Z_MIN): 4.84 / 5.47 / 4.45 / 4.07
+# (AVX2) and 2.94 / 4.17 / 2.15 / 2.40 (ATEN_CPU_CAPABILITY=default); seed 0 there 3.90 / 4.90 / 2.95 / 2.80 and
+# 3.19 / 4.15 / 2.57 / 1.69; pooled 6.19 / 7.34 / 5.26 / 4.87 (AVX2) and 4.33 / 5.89 / 3.33 / 2.88 (default).
 SEEDS = (0, 1)
 PAIRED_Z_MIN = {"sampled_vs_control": 2.0, "sampled_vs_start": 3.0, "greedy_vs_control": 0.0, "greedy_vs_start": 1.0}
 
@@ -54,13 +60,20 @@ def _with_seed(argv: list[str], seed: int) -> list[str]:
     return argv
 
 
+# The later seeds start from the first seed's warm start, on its problems (the labelled set its SFT saw, the rest
+# unlabelled): their seed moves GRPO's sampling and problem order and the control's solution draws and order, not the
+# start. No wandb run and no curve points there: the first seed's run checks those, and neither moves the arms.
+SHARED_START = ["--problem_seed", str(SEEDS[0]), "--no-wandb", "--curve_points", "0"]
+
+
 @pytest.fixture(scope="module")
 def reduced_runs(tmp_path_factory):
-    """The reduced run at each of SEEDS: `[(output_dir, metrics)]`, seed 0 first."""
+    """The reduced run at each of SEEDS: `[(output_dir, metrics)]`, seed 0 first; the others from its SFT model."""
     runs = []
     for seed in SEEDS:
         out = tmp_path_factory.mktemp("demo") / f"run_seed{seed}"
-        runs.append((out, demo.main([*_with_seed(SMALL, seed), "--output_dir", str(out)])))
+        shared = [*SHARED_START, "--init_model", str(runs[0][0] / "sft_model")] if runs else []
+        runs.append((out, demo.main([*_with_seed(SMALL, seed), *shared, "--output_dir", str(out)])))
     return runs
 
 
@@ -105,6 +118,11 @@ def test_held_out_is_fixed_and_disjoint_from_training():
     assert [demo.problem_key(p) for p in held0] == [demo.problem_key(p) for p in held1]  # same set for every seed
     assert not keys & {demo.problem_key(p) for p in train0 + train1}
     assert {demo.problem_key(p) for p in train0} != {demo.problem_key(p) for p in train1}  # the seed matters
+    # --problem_seed draws another seed's training problems (a later seed's run from that seed's warm start)
+    cfg10 = demo.parse_args(
+        ["--num_train_problems", "2000", "--num_eval_problems", "256", "--seed", "1", "--problem_seed", "0"]
+    )
+    assert demo.make_splits(cfg10) == (train0, held0)
 
 
 def test_unlabelled_problems_carry_no_solution_and_do_not_overlap_the_labelled():
@@ -139,7 +157,8 @@ def test_paired_z_by_hand():
 def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_runs):
     """The demo's claim in miniature: GRPO on the unlabelled problems with the verifier beats more SFT on the
     labelled ones, on greedy and on sampled accuracy, and raises accuracy over its start. Each comparison is paired
-    over the 512 held-out problems of both seeds (1,024 pairs) and must clear its PAIRED_Z_MIN.
+    over the 512 held-out problems of both seeds (1,024 pairs) and must clear its PAIRED_Z_MIN; the second seed
+    starts from the first seed's warm start (SHARED_START).
 
     Why two seeds: one run is one trajectory, and the trajectory moves with the seed and with the CPU's kernels
     alike. With seed 0 alone this test passed on an earlier machine's six settings (sampled vs control z 3.25-4.43)
@@ -149,6 +168,10 @@ def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_
     seed 0: 1.93 / 4.05 / 1.82 / 2.54 (default, 1 and 2 threads alike)   3.90 / 4.90 / 2.95 / 2.80 (avx2, 1 and 2)
     seed 1: 2.09 / 4.27 / 1.18 / 3.14 (default)                          3.63 / 5.57 / 1.95 / 3.71 (avx2)
     pooled seeds 0 + 1: 2.84 / 5.88 / 2.11 / 4.02 (default)              5.33 / 7.41 / 3.46 / 4.60 (avx2)
+    With seed 1 from seed 0's warm start (SHARED_START), on a 2-core EPYC with AVX2 and no AVX-512, 1 thread:
+    seed 0: 3.19 / 4.15 / 2.57 / 1.69 (ATEN default)                     3.90 / 4.90 / 2.95 / 2.80 (avx2: unset here)
+    seed 1: 2.94 / 4.17 / 2.15 / 2.40 (ATEN default)                     4.84 / 5.47 / 4.45 / 4.07 (avx2)
+    pooled: 4.33 / 5.89 / 3.33 / 2.88 (ATEN default)                     6.19 / 7.34 / 5.26 / 4.87 (avx2)
     (sampled accuracy: start 5.5-7.2%, GRPO 10.0-13.8%, control 6.2-9.3%). Greedy is one 0/1 outcome per problem
     and is held to its direction vs the control; sampled accuracy (16 samples a problem) carries the significance.
 
@@ -313,6 +336,7 @@ def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
         (["--epochs_per_rollout", "0"], "--epochs_per_rollout"),
         (["--grpo_warmup_steps", "-5"], "--grpo_warmup_steps"),
         (["--control_steps", "-1"], "--control_steps"),
+        (["--problem_seed", "-2"], "--problem_seed"),
         (["--num_labelled", "0"], "--num_labelled"),
         (["--num_train_problems", "500", "--num_labelled", "500"], "--num_labelled"),
         (["--ei_steps", "5"], "--ei_steps.*only with --ei"),  # an EI setting without the arm

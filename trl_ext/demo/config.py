@@ -18,6 +18,14 @@ class DemoConfig:
 
     output_dir: str = field(default="runs/countdown_demo", metadata={"help": "Run folder (created)."})
     seed: int = field(default=0, metadata={"help": "Seed of the model init, the training problems and training."})
+    problem_seed: int = field(
+        default=-1,
+        metadata={
+            "help": "Seed of the training problems (the labelled / unlabelled split) when it differs from --seed; "
+            "-1 = --seed. With --init_model from a run of another seed, give that run's seed, so the arms train on "
+            "the problems their start was trained on."
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = min(number of CPUs, 4)."})
     wandb: bool = field(default=True, metadata={"help": "Log to a wandb run (WANDB_MODE defaults to offline)."})
     init_model: str = field(
@@ -166,6 +174,8 @@ def check(cfg: DemoConfig) -> None:
     for name in non_negative + ["threads"]:
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.problem_seed < -1:
+        raise ValueError(f"--problem_seed must be >= 0, or -1 for --seed, got {cfg.problem_seed}")
     if not 0 < cfg.num_labelled < cfg.num_train_problems:
         raise ValueError(
             f"--num_labelled must lie in 1..{cfg.num_train_problems - 1} (--num_train_problems leaves the rest "

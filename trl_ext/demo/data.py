@@ -18,13 +18,15 @@ def problem_key(problem: dict) -> tuple[tuple[int, ...], int]:
 
 
 def make_splits(cfg) -> tuple[list[dict], list[dict]]:
-    """(train, held_out) problem lists of a `DemoConfig`; held-out is fixed by `EVAL_SEED`, train excludes its keys."""
+    """(train, held_out) problem lists of a `DemoConfig`; held-out is fixed by `EVAL_SEED`, train (drawn with
+    `problem_seed`, else `seed`) excludes its keys."""
     from trl_ext.tasks import make_countdown_problems
 
     kwargs = dict(num_count=(3,), max_number=cfg.max_number, max_target=cfg.max_target)
     held_out = make_countdown_problems(cfg.num_eval_problems, EVAL_SEED, **kwargs)
     exclude = {problem_key(p) for p in held_out}
-    train = make_countdown_problems(cfg.num_train_problems, 1000 + cfg.seed, exclude=exclude, **kwargs)
+    seed = cfg.seed if cfg.problem_seed == -1 else cfg.problem_seed
+    train = make_countdown_problems(cfg.num_train_problems, 1000 + seed, exclude=exclude, **kwargs)
     return train, held_out
 
 
