@@ -4,8 +4,9 @@ validation (issue 36).
 
 One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo weight transfer, its command composed
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
-cpu_server_args`). Against it, in child processes (tests/scripts/vllm_server_sync.py; TRL's own
-`VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
+cpu_server_args`), in vLLM's uniprocess executor (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no worker process busy-polling
+a queue after every request, see `_start_server`). Against it, in child processes (tests/scripts/vllm_server_sync.py;
+TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
 
 1. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`: first DDP over
    gloo, 3 optimizer steps (and issue 30's async DDP runs), the launch's DeepSpeed set aside while these build their
@@ -79,7 +80,10 @@ def _start_server(root: Path, model: str, marker: str):
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
     # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
     # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
-    env = child_env(TRL_EXT_TEST_MARK=marker)
+    # The engine's worker in the engine's own process (vLLM's uniprocess executor): on the CPU build, vLLM's default
+    # there (a worker process fed through a shared-memory queue) busy-polls that queue for 1 s after every request,
+    # which cost more CPU than the rest of the server (93 s of 137 s in one measured run of this module).
+    env = child_env(TRL_EXT_TEST_MARK=marker, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     command = Command(command.argv, env)
     server = ServerProcess(command, root / "server.log", f"http://127.0.0.1:{port}/health", grace=5)
     server.start()
