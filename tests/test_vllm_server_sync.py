@@ -4,19 +4,23 @@ validation (issue 36).
 
 One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo weight transfer, its command composed
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
-cpu_server_args`). Against it, in child processes (tests/scripts/vllm_server_sync.py; TRL's own
-`VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
+cpu_server_args`), in vLLM's uniprocess executor (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no worker process busy-polling
+a queue after every request, see `_start_server`). Against it, in child processes (tests/scripts/vllm_server_sync.py;
+TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
 
-1. two training processes (torchrun, DDP over gloo), 3 optimizer steps;
-2. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml` (DeepSpeed
-   ZeRO-3: TRL gathers each module's shards for the sync), 4 steps with a checkpoint at step 2, then a new trainer
-   resumes from it; then 3 steps with PEFT LoRA;
-3. one process, a new trainer per run, each joining the server's transfer anew: 4 steps plain with a checkpoint at
+1. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`: first DDP over
+   gloo, 3 optimizer steps (and issue 30's async DDP runs), the launch's DeepSpeed set aside while these build their
+   trainers (under torchrun instead where DeepSpeed is not installed and the ZeRO-3 tests skip);
+2. then in the same processes DeepSpeed ZeRO-3 (TRL gathers each module's shards for the sync), 4 steps with a
+   checkpoint at step 2, then a new trainer resumes from it; then 3 steps with PEFT LoRA;
+3. the two stall runs, one process each (the module stops the server with SIGSTOP mid-generation and mid-sync; the
+   watchdog ends the process);
+4. one process, a new trainer per run, each joining the server's transfer anew: 4 steps plain with a checkpoint at
    step 2 and the run resumed from it, 3 steps with `padding_free`, with PEFT LoRA (merged for the sync by TRL); a
    12-step GRPO run on the digit-share reward; expert iteration and `ValidatingSFTTrainer` validating with the
    server; then a run whose server the module kills (SIGKILL) after its first step.
 
-After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
+After each step of the runs in 1, 2 and 4 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
 (measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
 turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
@@ -76,7 +80,10 @@ def _start_server(root: Path, model: str, marker: str):
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
     # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
     # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
-    env = child_env(TRL_EXT_TEST_MARK=marker)
+    # The engine's worker in the engine's own process (vLLM's uniprocess executor): on the CPU build, vLLM's default
+    # there (a worker process fed through a shared-memory queue) busy-polls that queue for 1 s after every request,
+    # which cost more CPU than the rest of the server (93 s of 137 s in one measured run of this module).
+    env = child_env(TRL_EXT_TEST_MARK=marker, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     command = Command(command.argv, env)
     server = ServerProcess(command, root / "server.log", f"http://127.0.0.1:{port}/health", grace=5)
     server.start()
@@ -101,16 +108,20 @@ def runs(tmp_path_factory):
     try:
         out = root / "out"
         out.mkdir()
-        ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-               f"--master_port={free_port()}", str(SCRIPTS / "vllm_server_sync.py"),
-               *_script_args(out, port, model, "ddp,async_ddp"), "--group-port", str(free_port())]  # fmt: skip
-        run_checked(ddp, 900, root / "ddp.log", TRL_EXT_TEST_MARK=trainer_mark)  # and issue 30's async checks
-        if deepspeed_required():  # issue 39: ZeRO-3, 4 steps with a checkpoint at 2, then a new trainer resumes
+        if deepspeed_required():
+            # Issue 39: ZeRO-3, 4 steps with a checkpoint at 2, then a new trainer resumes; first, in the same two
+            # processes, the DDP runs (DeepSpeed set aside while they build their trainers) and issue 30's async ones.
             config = REPO / "accelerate_configs" / "cpu_zero3.yaml"
-            zero3 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                     "--main_process_port", str(free_port()), str(SCRIPTS / "vllm_server_sync.py"),
-                     *_script_args(out, port, model, "zero3_full,zero3_resume,zero3_peft")]  # fmt: skip
-            run_checked(zero3, 900, root / "zero3.log", TRL_EXT_TEST_MARK=trainer_mark)
+            launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                      "--main_process_port", str(free_port())]  # fmt: skip
+            runs_ = "ddp,async_ddp,zero3_full,zero3_resume,zero3_peft"
+        else:
+            launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+                      f"--master_port={free_port()}"]  # fmt: skip
+            runs_ = "ddp,async_ddp"
+        argv = [*launch, str(SCRIPTS / "vllm_server_sync.py"), *_script_args(out, port, model, runs_),
+                "--group-port", str(free_port())]  # fmt: skip
+        run_checked(argv, 900, root / "two_processes.log", TRL_EXT_TEST_MARK=trainer_mark)
         # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
         # sync cut short leaves the server mid-reload: the next trainer's first sync, before it generates, completes
         # it).
@@ -218,6 +229,8 @@ def test_server_log_probs_equal_the_trainers_forward_after_every_step(runs, name
     (vLLM refuses them), LoRA deltas sent unmerged and ZeRO-3 shards sent ungathered (vLLM refuses their shapes)."""
     skip_without_deepspeed(runs, name)
     checks = _checks(runs, name)
+    if name == "ddp":  # also where it runs in the ZeRO-3 launch's processes: DDP, not DeepSpeed
+        assert runs["runs"][name]["wrapped"] == "DistributedDataParallel", runs["runs"][name]["wrapped"]
     assert [c["step"] for c in checks] == ([1, 2, 3, 4] if name.endswith("_full") else [1, 2, 3])
     for check in checks:
         assert check["gap"] < LOGP_TOL, (name, check["step"], check["gap"])

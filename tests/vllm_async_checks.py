@@ -5,8 +5,8 @@ run tests/scripts/vllm_async.py's runs in their own processes (runs `async` and 
 tests/scripts/vllm_server_sync.py: no process start of their own), its fixture reads them with `read_async`, and the
 module imports the tests below (pytest collects them there, with its fixture). Four trainers, one after another,
 4 optimizer steps each on 32 completions of the 8 training prompts (learning rate 5e-2, so each step moves the
-log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request; then under
-torchrun with 2 processes, a synchronous and an async run.
+log-probs by nats), TRL's `token_truncate` importance-sampling correction, vLLM seed 3 on every request; then in
+the module's two-process launch (DDP over gloo), a synchronous and an async run.
 """
 
 from __future__ import annotations
@@ -134,10 +134,10 @@ def test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo(
 
 
 def test_async_under_ddp_two_processes_and_across_an_epoch(runs):
-    """Two training processes (torchrun, DDP over gloo), 4 prompts a step from 8 (a new epoch at step 2): every
-    rank gets the prompts of the synchronous DDP run in the same order; versions 0, 0, then 2 (the first batch of an
-    epoch is generated on demand: the next epoch's dataloader does not exist yet), then 2 (requested ahead); both
-    ranks log the same losses and staleness (the collectives of the async path, gathering the prompts and
+    """Two training processes (the module's two-process launch, DDP over gloo), 4 prompts a step from 8 (a new epoch at
+    step 2): every rank gets the prompts of the synchronous DDP run in the same order; versions 0, 0, then 2 (the first
+    batch of an epoch is generated on demand: the next epoch's dataloader does not exist yet), then 2 (requested
+    ahead); both ranks log the same losses and staleness (the collectives of the async path, gathering the prompts and
     broadcasting the answer and its version, run in the same order on both), and no push met a running request."""
     ranks = _async(runs)["ddp"]
     assert ranks[0]["ddp_staleness1"]["losses"] == ranks[1]["ddp_staleness1"]["losses"]

@@ -11,8 +11,8 @@ weights first):
 - `midbatch`: 2 optimizer steps per generation batch, `max_staleness=1` (the next batch requested after the first
   step), with dynamic sampling, `padding_free` and the Dr. GRPO axes.
 
-With a fifth argument `ddp` (under torchrun, 2 processes) it trains `ddp_sync` and `ddp_staleness1` instead, on the
-8 prompts once per epoch (a new epoch at step 2), and each rank writes OUT_DIR/result_rank<R>.json.
+With a fifth argument `ddp` (2 processes: torchrun's or accelerate's) it trains `ddp_sync` and `ddp_staleness1`
+instead, on the 8 prompts once per epoch (a new epoch at step 2), and each rank writes OUT_DIR/result_rank<R>.json.
 
 Each run records per generation batch: the step it was scored at, its rows' `policy_version`, prompts, the server's
 log-probs of the sampled tokens, TRL's old log-probs and importance ratio (`token_truncate`), and two plain forwards
@@ -176,7 +176,7 @@ def main(url: str, model_dir: str, out_dir: Path, group_port: int, ddp: bool = F
     import torch
 
     torch.set_num_threads(1)
-    if ddp:  # under torchrun, 2 processes: the collectives of the async path in the same order on both
+    if ddp:  # 2 processes: the collectives of the async path in the same order on both
         # The 8 prompts once: 4 prompts (16 completions) a step, so a new epoch starts at step 2.
         once = dict(epoch_prompts=1)
         runs = {"ddp_sync": once, "ddp_staleness1": dict(async_rollouts=True, max_staleness=1, **once)}

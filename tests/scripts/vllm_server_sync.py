@@ -8,7 +8,8 @@ float32) on the engine model in DIR against the server on 127.0.0.1:P, a new tra
 the server's weight transfer anew), and writes OUT_DIR/NAME.json (rank 0):
 
 - `exact`, `padding_free`, `peft` (LoRA, merged for the sync by TRL), `resume_full` (below) and `ddp` (the same as
-  `exact`, run under torchrun with 2 processes): after each optimizer step the weights are synced through TRL's own
+  `exact`, with 2 processes: under torchrun, or first in the ZeRO-3 launch's processes, `without_deepspeed`):
+  after each optimizer step the weights are synced through TRL's own
   `VLLMGeneration.sync_weights`, then the server generates greedily from fixed prompts and the log-probs it returns
   for its tokens are recorded beside a plain forward of the trainer's model on the same tokens, and beside the
   forward of the initial weights (how far training moved them). `--no-sync` turns TRL's sync into a no-op.
@@ -44,6 +45,7 @@ import sys
 import time
 import traceback
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -447,6 +449,20 @@ def run_other(run: str, args, out_dir: Path) -> bool:
         return True
 
 
+@contextmanager
+def without_deepspeed(run: str):
+    """The DDP runs (`ddp`, `async_ddp`) in the processes of the ZeRO-3 launch (`accelerate launch --config_file
+    accelerate_configs/cpu_zero3.yaml`, a process start less each): without the launch's `ACCELERATE_USE_DEEPSPEED`
+    while they build their trainers, so transformers and accelerate set up DDP over the launch's gloo group (each
+    `TrainingArguments` resets accelerate's state); restored for the ZeRO-3 runs after them."""
+    saved = os.environ.pop("ACCELERATE_USE_DEEPSPEED", None) if run in ("ddp", "async_ddp") else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -468,11 +484,13 @@ def main() -> None:
     failed = False
     for run in args.runs.split(","):
         if run in ("finish_reasons", "async", "async_ddp"):
-            run_other(run, args, out_dir)  # its failure fails only its own tests (the .error file)
+            with without_deepspeed(run):
+                run_other(run, args, out_dir)  # its failure fails only its own tests (the .error file)
             continue
         steps = args.steps
         args.steps = args.learn_steps if run == "learn" else steps
-        record = train(run, args, out_dir)
+        with without_deepspeed(run):
+            record = train(run, args, out_dir)
         args.steps = steps
         if int(os.environ.get("RANK", "0")) == 0:
             (out_dir / f"{run}.json").write_text(json.dumps(record))
