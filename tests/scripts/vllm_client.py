@@ -6,7 +6,8 @@ Checks `/health`, generates with `VLLMClient.generate` (no weight sync: that nee
 completions with a plain forward of the same checkpoint, resets the prefix cache, and probes which addresses answer
 on the server's port: 127.0.0.2 (loopback, another address) and, from a network namespace, the host side of a veth
 (another interface of this machine); a listener on 0.0.0.0 is probed the same way as a control. Writes FILE.
-With --loop it then generates until a request fails, writes the error to FILE and exits 1.
+With --loop it skips the forward pass, the reset and the probes (what the killed run checks is the client's error),
+then generates until a request fails, writes the error to FILE and exits 1.
 
 FILE also holds `retry_sleep`: the seconds TRL's client sleeps between its retries of a refused connection before it
 raises (urllib3's own backoff of the session's `Retry`; TRL 1.16: 0 + 4 + 8 + 16 + 32). `--retries N` gives the
@@ -92,6 +93,8 @@ def main() -> None:
     record["prompt_ids"] = out["prompt_ids"]
     record["completion_ids"] = out["completion_ids"]
     record["logprobs"] = [[position[0] for position in seq] for seq in out["logprobs"]]
+    if args.loop:
+        loop(client, prompt, args.record, record)
     record["forward_logprobs"] = forward_logps(args.model, prompt, out["completion_ids"])
     client.reset_prefix_cache()
     with socket.socket() as control:  # a listener on every interface: what the probes see when a port is open
@@ -106,18 +109,20 @@ def main() -> None:
             )
     record["probes"] = probes  # name -> (server port, control port)
     write(args.record, record)
-    if not args.loop:
-        return
+
+
+def loop(client, prompt: list[int], path: str, record: dict) -> None:
+    """Generates until a request fails, then records the error and exits 1."""
     generated = 0
     try:
         while True:
             client.generate([prompt], n=2, max_tokens=8)
             generated += 1
             record["generated_in_loop"] = generated
-            write(args.record, record)
+            write(path, record)
     except Exception as exc:  # what a trainer would see when the server goes away
         record["error"] = f"{type(exc).__name__}: {exc}"
-        write(args.record, record)
+        write(path, record)
         print(f"client: {record['error']}", flush=True)
         sys.exit(1)
 
