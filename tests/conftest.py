@@ -64,28 +64,32 @@ def tiny_model(char_tokenizer):
     return build_tiny_qwen3(char_tokenizer, seed=0)
 
 
-# The longest modules first (as measured in CI, in seconds of one worker). `make test` runs `-n 2 --dist loadscope
+# The longest modules first (in a whole-suite run on a 2-core CPU). `make test` runs `-n 2 --dist loadscope
 # --no-loadscope-reorder`: xdist then hands out modules in this order, so the two workers end together (longest
 # processing time first). xdist's default reorder sorts modules by their number of tests, which put these few-test,
 # minute-long modules last, with one worker idle while the other ran them.
 LONGEST_FIRST = (
-    "test_evaluation_smollm2.py",  # a real 135M model generating 64 samples
+    "test_demo.py",  # the reduced demo at two seeds (GRPO and its SFT-only control side by side)
+    "test_vllm_server_sync.py",  # a real server, trainers (2 ranks under ZeRO-3 and DDP, then one process) syncing
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
-    "test_vllm_server_sync.py",  # a real server, 7 trainers (2 DDP ranks) syncing into it
     "test_zero_training.py",  # three 2-process launches side by side (DDP, ZeRO-2, ZeRO-3)
-    "test_demo.py",
-    "test_gpu_check.py",
-    "test_vllm_eval.py",
-    "test_vllm_expert_iteration.py",
-    "test_preflight_runs.py",
-    "test_vllm_colocate.py",
-    "test_sampling_vllm.py",
     "test_vllm_finish_reasons.py",
-    "test_kissing_recipe.py",
+    "test_study_slurm.py",
+    "test_preflight_runs.py",
+    "test_study_runner.py",
+    "test_vllm_eval.py",
     "test_recipe_runs.py",
-    "test_preflight_table.py",
+    "test_vllm_colocate.py",
+    "test_vllm_expert_iteration.py",
+    "test_sampling_vllm.py",
+    "test_evaluation_smollm2.py",
     "test_sampling_distributed.py",
+    "test_vllm_sampler.py",
     "test_trainer_distributed.py",
+    "test_kissing_recipe.py",
+    "test_preflight_table.py",
+    "test_gpu_check.py",
+    "test_trainer_learning.py",
     "test_zero_memory.py",
 )
 
