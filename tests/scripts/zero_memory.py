@@ -74,6 +74,10 @@ def main() -> None:
         result = measure(stage, model_dir)
         with open(os.path.join(out_dir, f"zero{stage}_rank{rank}.json"), "w") as f:
             json.dump(result, f)
+    # Both ranks leave together and close gloo's connections: a rank that exits while its peer still holds them can
+    # abort in gloo's teardown ("terminate called without an active exception", seen once under a full suite).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
