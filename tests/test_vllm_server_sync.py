@@ -387,7 +387,8 @@ def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
     """Issue 39: the ZeRO-3 runs trained in a `DeepSpeedEngine` at stage 3, and a model loaded after the trainer was
     built (transformers' `zero.Init` under the active config) came out sharded over the 2 processes: DeepSpeed's
     communication layer counts both (`trl_ext.grpo.config.join_deepspeed_comm`; before it, that load stopped on
-    DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`)."""
+    DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`), and started without building DeepSpeed's
+    shared-memory all-reduce, which training does not use (its JIT build took 1.5 to 3 minutes of this module)."""
     skip_without_deepspeed(runs, "zero3_full")
     for name in ("zero3_full", "zero3_resume", "zero3_peft"):
         record = _record(runs, name)
@@ -395,6 +396,8 @@ def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
         facts = record["engine"]
         assert facts["zero_stage"] == 3 and facts["loaded_sharded"], facts
         assert facts["shard_numel"] == -(-facts["full_numel"] // 2), facts  # half of the tensor, rounded up
+        # DeepSpeed's communication layer started without compiling its shared-memory all-reduce (minutes of g++)
+        assert facts["shm_comm_op_built"] is False, facts
 
 
 def skip_without_deepspeed(runs: dict, name: str) -> None:

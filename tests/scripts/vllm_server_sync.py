@@ -109,12 +109,14 @@ def zero3_facts(trainer, path: str) -> dict:
     came out sharded by `zero.Init` over both processes (DeepSpeed's batch assertion stops that load when its
     communication layer counts one process: `trl_ext.grpo.config.join_deepspeed_comm`)."""
     import torch
+    from deepspeed import comm
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     param = next(model.parameters())
     plugin = trainer.accelerator.state.deepspeed_plugin
     return {
+        "shm_comm_op_built": getattr(comm.cdb, "shm_comm_op", None) is not None,
         "zero_stage": None if plugin is None else plugin.zero_stage,
         "loaded_sharded": hasattr(param, "ds_tensor"),
         "shard_numel": param.ds_tensor.numel() if hasattr(param, "ds_tensor") else None,

@@ -21,6 +21,7 @@ the trainer re-checks it against `accelerator.num_processes`):
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ def join_deepspeed_comm() -> None:
     reference model, any model loaded after the trainer is built) checks the `train_batch_size` transformers filled
     for all processes against one, and DeepSpeed's batch assertion stops the run (`train_batch_size 16 != 8 * 1 *
     1`). A no-op on GPUs, without DeepSpeed or outside a launch.
+
+    DeepSpeed's CPU backend would also JIT-compile its shared-memory all-reduce (`deepspeed_shm_comm`, two C++ files:
+    1.5 to 3 minutes of g++ on a 2-core CPU, again for every new environment) as its communication layer starts. Only
+    `deepspeed.comm.inference_all_reduce` (DeepSpeed inference's tensor parallelism) uses it, and that falls back to
+    the process group's `all_reduce` without it; ZeRO training's collectives are torch.distributed's, over gloo. So
+    the layer starts here without it.
     """
     import torch.distributed
 
@@ -61,8 +68,15 @@ def join_deepspeed_comm() -> None:
         return
     from deepspeed import comm
 
-    if not comm.is_initialized():
+    if comm.is_initialized():
+        return
+    backend = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
+    build_shm_op = backend.build_shm_op
+    backend.build_shm_op = lambda: None
+    try:
         comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
+    finally:
+        backend.build_shm_op = build_shm_op
 
 
 @dataclass
