@@ -13,14 +13,14 @@ TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.
    trainers (under torchrun instead where DeepSpeed is not installed and the ZeRO-3 tests skip);
 2. then in the same processes DeepSpeed ZeRO-3 (TRL gathers each module's shards for the sync), 4 steps with a
    checkpoint at step 2, then a new trainer resumes from it; then 3 steps with PEFT LoRA;
-3. the two stall runs, one process each (the module stops the server with SIGSTOP mid-generation and mid-sync; the
-   watchdog ends the process);
-4. one process, a new trainer per run, each joining the server's transfer anew: 4 steps plain with a checkpoint at
-   step 2 and the run resumed from it, 3 steps with `padding_free`, with PEFT LoRA (merged for the sync by TRL); a
-   12-step GRPO run on the digit-share reward; expert iteration and `ValidatingSFTTrainer` validating with the
-   server; then a run whose server the module kills (SIGKILL) after its first step.
+3. one process, a new trainer per run, each joining the server's transfer anew: first the two stall runs, each in a
+   child forked from it (the module stops the server with SIGSTOP mid-generation and mid-sync; the watchdog ends the
+   child; the process reaps it and reports its exit and anything it left running); then 4 steps plain with a
+   checkpoint at step 2 and the run resumed from it, 3 steps with `padding_free`, with PEFT LoRA (merged for the sync
+   by TRL); a 12-step GRPO run on the digit-share reward; expert iteration and `ValidatingSFTTrainer` validating with
+   the server; then a run whose server the module kills (SIGKILL) after its first step.
 
-After each step of the runs in 1, 2 and 4 the weights are synced and the server generates greedily from 4 fixed
+After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
 (measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
 turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
@@ -123,24 +123,27 @@ def runs(tmp_path_factory):
         argv = [*launch, str(SCRIPTS / "vllm_server_sync.py"), *_script_args(out, port, model, runs_),
                 "--group-port", str(free_port())]  # fmt: skip
         run_checked(argv, 900, root / "two_processes.log", TRL_EXT_TEST_MARK=trainer_mark)
-        # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
-        # sync cut short leaves the server mid-reload: the next trainer's first sync, before it generates, completes
-        # it).
-        result["stall"] = {run: _stall(root, out, port, model, run, server) for run in ("stall_gen", "stall_sync")}
         marker = root / "kill.marker"
+        runs_ = "stall_gen,stall_sync,resume_full,resume,padding_free,peft,learn,ei,sft,finish_reasons,async,kill"
         argv = [
             sys.executable,
             str(SCRIPTS / "vllm_server_sync.py"),
-            # issue 32 item 5 (finish reasons) and issue 30 (async) in this process too
-            *_script_args(
-                out, port, model, "resume_full,resume,padding_free,peft,learn,ei,sft,finish_reasons,async,kill"
-            ),
+            # issue 32 item 5 (finish reasons) and issue 30 (async) in this process too; the stall runs first, each
+            # forked from it (its imports paid once)
+            *_script_args(out, port, model, runs_),
             "--kill-marker",
             str(marker),
+            "--stall-dir",
+            str(root),
+            "--stall-timeout",
+            str(STALL_TIMEOUT),
         ]
         env = child_env(TRL_EXT_TEST_MARK=trainer_mark, TRL_EXT_VLLM_SERVER_LOG=str(server.log_path))
         with open(root / "single.log", "w") as log:
             proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
+            # sync cut short leaves the server mid-reload: the test finishes it before the next run).
+            result["stall"] = {run: _stall(root, port, run, server, proc) for run in ("stall_gen", "stall_sync")}
             deadline = time.monotonic() + 900
             while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -171,34 +174,35 @@ def deepspeed_required() -> bool:
     return importlib.util.find_spec("deepspeed") is not None or os.environ.get("TRL_EXT_REQUIRE_VLLM") == "1"
 
 
-def _stall(root: Path, out: Path, port: int, model: str, run: str, server) -> dict:
-    """Runs `run` (tests/scripts/vllm_server_sync.py) with `vllm_server_timeout` STALL_TIMEOUT; when it signals its
-    pause, stops the server's process group (SIGSTOP), lets it go on, and times its exit; then resumes the server."""
-    marker, mark = root / f"{run}.marker", uuid.uuid4().hex
-    server.wait_healthy(900)  # the runs' short timeout is also their wait for the server
-    argv = [sys.executable, str(SCRIPTS / "vllm_server_sync.py"), *_script_args(out, port, model, run),
-            "--timeout", str(STALL_TIMEOUT), "--stall-marker", str(marker)]  # fmt: skip
-    env = child_env(TRL_EXT_TEST_MARK=mark, TRL_EXT_VLLM_SERVER_LOG=str(server.log_path))
+def _stall(root: Path, port: int, run: str, server, proc: subprocess.Popen) -> dict:
+    """Waits for stall run `run` (forked by the script's process `proc`, `--stall-dir`; `vllm_server_timeout`
+    STALL_TIMEOUT) to signal its pause, stops the server's process group (SIGSTOP), lets the run go on, and reads its
+    exit (code, time, what it left running, as the script's process reaped it); then continues the server, finishes
+    a weight update cut short, and lets the script go on."""
+    marker, exit_file = root / f"{run}.marker", root / f"{run}.exit"
     record: dict = {}
-    with open(root / f"{run}.log", "w") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 600
+    while not marker.exists() and not exit_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        if marker.exists():
+            os.killpg(server.pid, signal.SIGSTOP)
+            record["stopped"] = time.monotonic()
+            Path(f"{marker}.ack").write_text("")
+        deadline = time.monotonic() + STALL_TIMEOUT + 60
+        while not exit_file.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        try:
-            if marker.exists():
-                os.killpg(server.pid, signal.SIGSTOP)
-                record["stopped"] = time.monotonic()
-                Path(f"{marker}.ack").write_text("")
-            try:
-                record["code"] = proc.wait(timeout=STALL_TIMEOUT + 60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                record["code"] = proc.wait()
-            record["exited"] = time.monotonic()
-            record["left"] = marked_processes(mark)
-        finally:
-            os.killpg(server.pid, signal.SIGCONT)
+        if not exit_file.exists():
+            pid_file = root / f"{run}.pid"
+            if pid_file.exists():
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the script reaps it and writes its exit
+            deadline = time.monotonic() + 60
+            while not exit_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if exit_file.exists():
+            record.update(json.loads(exit_file.read_text()))
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)
     if run == "stall_sync":
         # The stopped trainer left the server mid-update (vLLM refuses the next `start_weight_update` until it is
         # finished); finishing it with nothing received puts the previous weights back (vLLM's layerwise reload).
@@ -215,7 +219,10 @@ def _stall(root: Path, out: Path, port: int, model: str, run: str, server) -> di
             if error.code != 500 or unmatched not in server.log_path.read_text(errors="replace"):
                 raise
             record["finished"] = "by the stopped trainer"
-    record["output"] = (root / f"{run}.log").read_text(errors="replace")
+    server.wait_healthy(900)
+    (root / f"{run}.go").write_text("")
+    log = root / f"{run}.log"
+    record["output"] = log.read_text(errors="replace") if log.exists() else ""
     return record
 
 
@@ -319,8 +326,9 @@ def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs
     timeout of its own: without the watchdog it waits forever) or in the middle of a weight sync (after the third
     tensor was handed over): the trainer ends within `vllm_server_timeout` (15 s) plus 5 s of the stop, its output
     names the step, the operation and for the sync the tensor, with the server log's last lines, and no process of
-    it is left. The watchdog ends it with exit code 3; the gloo sync may instead fail on its own bounded wait (exit
-    1, `ServerSyncError` with the same facts)."""
+    it is left (the stall runs are forked children of the script's process, their subreaper: anything a run left
+    running is reparented there and reported). The watchdog ends it with exit code 3; the gloo sync may instead fail
+    on its own bounded wait (exit 1, `ServerSyncError` with the same facts)."""
     from trl_ext.grpo.weight_sync.watchdog import STALL_EXIT_CODE
 
     record = runs["stall"][run]

@@ -34,11 +34,16 @@ the server's weight transfer anew), and writes OUT_DIR/NAME.json (rank 0):
 - `stall_gen` / `stall_sync` (issue 36, the watchdog): at step 1, just before the generation request (`stall_gen`)
   or after the third tensor handed to the weight sync (`stall_sync`), writes FILE (`--stall-marker`) and waits for
   FILE.ack (the test has stopped the server with SIGSTOP); the watchdog must end the process.
+  With `--stall-dir D` each stall run is a forked child of this process instead (`run_forked`: this process's
+  imports, not a new interpreter's), with `vllm_server_timeout` `--stall-timeout`, its output in D/NAME.log and its
+  marker D/NAME.marker; this process reaps it, writes D/NAME.exit (exit code, the monotonic time of the exit, what
+  was left running) and waits for D/NAME.go (the test has continued the server) before the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -465,6 +470,56 @@ def without_deepspeed(run: str):
             os.environ["ACCELERATE_USE_DEEPSPEED"] = saved
 
 
+def run_forked(run: str, args, out_dir: Path) -> None:
+    """A stall run (`stall_gen` / `stall_sync`) in a forked child: see the module docstring (`--stall-dir`)."""
+    stall_dir = Path(args.stall_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: its own output file, marker and timeout; never returns
+        code = 1
+        try:
+            log = os.open(stall_dir / f"{run}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            args.stall_marker, args.timeout = str(stall_dir / f"{run}.marker"), args.stall_timeout
+            record = train(run, args, out_dir)
+            code = 1 if "error" in record else 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    (stall_dir / f"{run}.pid").write_text(str(pid))
+    _, status = os.waitpid(pid, 0)
+    exited = time.monotonic()  # CLOCK_MONOTONIC: the test's clock too
+    # This process is the child's subreaper (`main`): anything the child left running is now a child of this one.
+    left = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(p) == os.getpid()]
+    record = {"code": os.waitstatus_to_exitcode(status), "exited": exited, "left": left}
+    (stall_dir / f"{run}.exit").write_text(json.dumps(record))
+    go, deadline = stall_dir / f"{run}.go", time.monotonic() + 900
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _parent_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def preload() -> None:
+    """The imports of a GRPO run in server mode, before the stall runs fork (each child then starts with them)."""
+    import transformers  # noqa: F401
+    from datasets import Dataset  # noqa: F401
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer  # noqa: F401
+    from trl_ext.grpo.weight_sync.client import GlooVLLMClient  # noqa: F401
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -478,13 +533,21 @@ def main() -> None:
     parser.add_argument("--kill-marker")
     parser.add_argument("--stall-marker")
     parser.add_argument("--group-port", type=int, help="the weight-sync port of `async_ddp` (the same on every rank)")
+    parser.add_argument("--stall-dir", help="run the stall runs as forked children (module docstring)")
+    parser.add_argument("--stall-timeout", type=float, default=15.0)
     args = parser.parse_args()
+    if args.stall_dir:
+        preload()
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back here
     import torch
 
     torch.set_num_threads(1)
     out_dir = Path(args.out_dir)
     failed = False
     for run in args.runs.split(","):
+        if args.stall_dir and run.startswith("stall"):
+            run_forked(run, args, out_dir)
+            continue
         if run in ("finish_reasons", "async", "async_ddp"):
             with without_deepspeed(run):
                 run_other(run, args, out_dir)  # its failure fails only its own tests (the .error file)
