@@ -1,5 +1,5 @@
-"""Two CPU processes (torchrun, gloo): advantages from the rewards gathered across ranks, sliced per rank, and
-identical parameters on both ranks after the optimizer steps.
+"""Two CPU processes (one gloo group, started by tests/helpers.py `run_ranks`): advantages from the rewards gathered
+across ranks, sliced per rank, and identical parameters on both ranks after the optimizer steps.
 
 The estimator is reinforce_pp: a group baseline, then whitening over every completion of the step weighted by its
 length, so an advantage is right only if both ranks' rewards and lengths were gathered, in rank order, before the
@@ -18,19 +18,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_torchrun
+from helpers import run_ranks
 
 TESTS = Path(__file__).resolve().parent
 GROUP, PER_RANK = 4, 8
 
 WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import gc, json, os, sys
+    sys.modules["vllm"] = None  # nothing generates with vLLM here: TRL's GRPO module would import it (CPU seconds)
     import torch
     sys.path.insert(0, {tests!r})
     from test_trainer_helpers import make_trainer
     from trl_ext import AblationGRPOTrainer
     from trl_ext.tiny import build_char_tokenizer
+    gc.freeze()  # imported objects out of the full collection every `train()` ends with (0.4 CPU s)
 
     class Recording(AblationGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -106,7 +108,7 @@ def loop_reinforce_pp(rewards: list[float], lengths: list[int], group: int, eps:
 def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(TESTS), group=GROUP, rollout=2 * PER_RANK))
-    run_torchrun(script, str(tmp_path))
+    run_ranks(script, str(tmp_path))
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["num_processes"] for r in ranks] == [2, 2]
