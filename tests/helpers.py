@@ -1,4 +1,4 @@
-"""Helpers shared by test modules: a free local port, a script run under torchrun on one node, DeepSpeed on CPU."""
+"""Helpers shared by test modules: a free local port, a script run as the ranks of a process group, CPU DeepSpeed."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 
@@ -16,17 +18,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --nproc_per_node=nproc script args` on a free port, one thread per process,
-    offline; fails the test with the output's tail when it exits non-zero."""
+def run_ranks(script: Path, *args: str, nproc: int = 2, timeout: float = 300) -> None:
+    """`python script args` as `nproc` ranks of one process group, with the environment `torch.distributed.run` gives
+    its workers on one node (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT on a free port) but without its
+    launcher process (a torch import less, 3 CPU s); one thread per process, offline. A rank that fails or outlives
+    `timeout` stops the others; fails the test with each rank's output tail when any exits non-zero."""
+    port = str(free_port())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-        f"--master_port={free_port()}", str(script), *args,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
+    logs = [tempfile.TemporaryFile() for _ in range(nproc)]  # noqa: SIM115 (closed below)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for rank, log in enumerate(logs)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    tails = []
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        log.seek(0)
+        tails.append(f"[rank {rank}: exit {p.returncode}]\n" + log.read().decode(errors="replace")[-3000:])
+        log.close()
+    assert all(p.returncode == 0 for p in procs), "\n".join(tails)
 
 
 def no_shm_comm() -> None:
@@ -52,3 +78,17 @@ def ragged_rows(vocab: int, seed: int = 0):
         mask[row, p - n_p : p + n_c] = 1
     input_ids = torch.randint(7, vocab, (5, p + t), generator=gen).masked_fill(mask == 0, 0)
     return input_ids, mask, t
+
+
+def muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon optimizer with its kernels left uncompiled: every `deepspeed.initialize` imports it to
+    check the optimizer's type (`is_zero_supported_optimizer`), and its `torch.compile` decorators load inductor (1.4
+    CPU s per process on a 2-core CPU). For scripts whose engines step another optimizer (the tests' torch AdamW)."""
+    from deepspeed.runtime import compiler
+
+    compile_ = compiler.compile
+    compiler.compile = lambda: compiler.dummy_decorator
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    finally:
+        compiler.compile = compile_

@@ -1,12 +1,14 @@
-"""Two CPU processes (torchrun, gloo): advantages from the rewards gathered across ranks, sliced per rank, and
-identical parameters on both ranks after the optimizer steps.
+"""Two CPU processes (one gloo group, started by tests/helpers.py `run_ranks`): advantages from the rewards gathered
+across ranks, sliced per rank, and identical parameters on both ranks after the optimizer steps.
 
 The estimator is reinforce_pp: a group baseline, then whitening over every completion of the step weighted by its
 length, so an advantage is right only if both ranks' rewards and lengths were gathered, in rank order, before the
 slice. The expectation is a plain-Python loop (verl's formula), not the function under test.
 Bugs caught: statistics over the local rank only, lengths not gathered, a slice off by a rank.
 After training, one more batch per rank with `padding_free` off and on (issue 24): the same loss, all-reduced
-gradients and reduced entropy through the DDP-wrapped model."""
+gradients and reduced entropy through the DDP-wrapped model.
+Then, in the same two processes (one process start for both runs), dynamic sampling with groups that span the two
+ranks: both ranks keep the same groups, decided on gathered rewards, and train on the same number of rows."""
 
 from __future__ import annotations
 
@@ -18,19 +20,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_torchrun
+from helpers import run_ranks
+
+from trl_ext.objectives import group_normalize
 
 TESTS = Path(__file__).resolve().parent
 GROUP, PER_RANK = 4, 8
+# dynamic sampling: 12 completions = 3 groups per generation batch; the middle group spans both ranks
+DS_GROUP, DS_PER_RANK = 4, 6
 
 WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import gc, json, os, sys
+    sys.modules["vllm"] = None  # nothing generates with vLLM here: TRL's GRPO module would import it (CPU seconds)
     import torch
     sys.path.insert(0, {tests!r})
     from test_trainer_helpers import make_trainer
     from trl_ext import AblationGRPOTrainer
     from trl_ext.tiny import build_char_tokenizer
+    gc.freeze()  # imported objects out of the full collection every `train()` ends with (0.4 CPU s)
 
     class Recording(AblationGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -86,6 +94,35 @@ WORKER = textwrap.dedent(
     with open(os.path.join(out_dir, f"rank{{rank}}.json"), "w") as f:
         json.dump({{"records": trainer.records, "params": params, "moved": moved,
                    "num_processes": trainer.accelerator.num_processes, "padding_free": padding_free}}, f)
+
+    # Dynamic sampling, in the same two processes after the run above.
+    from test_sampling import equal_or_varied_reward, _dataset
+
+    class SamplingRecording(AblationGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            mask = out["prompt_mask"].bool()
+            self.records.append({{
+                "local_prompts": [self.processing_class.decode(ids[m]) for ids, m in zip(out["prompt_ids"], mask)],
+                "rows": out["completion_ids"].size(0),
+                "gathered": self._gathered_rewards[:, 0].tolist(),
+                "logged_prompts": list(self._logs["prompt"]),
+                "advantages": out["advantages"].tolist(),
+                "metrics": {{k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("dynamic")}},
+            }})
+            return out
+
+    trainer = make_trainer(
+        build_char_tokenizer(), os.path.join(out_dir, "sampling_run"), trainer_cls=SamplingRecording,
+        reward=equal_or_varied_reward, dataset=_dataset(), num_generations={ds_group},
+        per_device_train_batch_size={ds_per_rank}, max_steps=3, ddp_backend="gloo", dynamic_sampling=True,
+        max_generation_batches=8, advantage_eps=1e-6,
+    )
+    trainer.records = []
+    trainer.train()
+    params = {{n: p.detach().tolist() for n, p in trainer.model.named_parameters()}}
+    with open(os.path.join(out_dir, f"sampling_rank{{rank}}.json"), "w") as f:
+        json.dump({{"records": trainer.records, "params": params}}, f)
     """
 )
 
@@ -102,13 +139,21 @@ def loop_reinforce_pp(rewards: list[float], lengths: list[int], group: int, eps:
     return [(c - mean) / math.sqrt(var + eps) for c in centred]
 
 
-@pytest.mark.slow
-def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(tests=str(TESTS), group=GROUP, rollout=2 * PER_RANK))
-    run_torchrun(script, str(tmp_path))
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    """Both runs' records: one start of the two ranks."""
+    out = tmp_path_factory.mktemp("distributed")
+    script = out / "worker.py"
+    script.write_text(
+        WORKER.format(tests=str(TESTS), group=GROUP, rollout=2 * PER_RANK, ds_group=DS_GROUP, ds_per_rank=DS_PER_RANK)
+    )
+    run_ranks(script, str(out))
+    return out
 
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+@pytest.mark.slow
+def test_two_processes_slice_gathered_advantages_and_stay_in_sync(out_dir):
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["num_processes"] for r in ranks] == [2, 2]
     assert len(ranks[0]["records"]) == len(ranks[1]["records"]) == 2  # one rollout per optimizer step
     for step, (rec0, rec1) in enumerate(zip(ranks[0]["records"], ranks[1]["records"], strict=True)):
@@ -138,3 +183,32 @@ def test_two_processes_slice_gathered_advantages_and_stay_in_sync(tmp_path):
         assert pf["grad_max"] > 1e-3 and pf["loss_diff"] <= 1e-6 and pf["grad_rel"] <= 1e-5
         assert pf["entropy"][1] == pytest.approx(pf["entropy"][0], rel=1e-5)
     assert ranks[0]["padding_free"]["entropy"] == ranks[1]["padding_free"]["entropy"]  # reduced over both ranks
+
+
+@pytest.mark.slow
+def test_two_processes_keep_the_same_groups_and_equal_row_counts(out_dir):
+    """Dynamic sampling (tests/test_sampling.py's reward and data), with groups that span the two ranks: both ranks
+    keep the same groups (decided on gathered rewards), train on the same number of rows, each on its contiguous
+    slice of the built batch, and stay in sync."""
+    ranks = [json.loads((out_dir / f"sampling_rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]["records"]) == len(ranks[1]["records"]) == 3
+    extra_batches = 0
+    for step, (rec0, rec1) in enumerate(zip(ranks[0]["records"], ranks[1]["records"], strict=True)):
+        assert rec0["gathered"] == rec1["gathered"], step  # the same groups on both ranks
+        assert rec0["logged_prompts"] == rec1["logged_prompts"] and rec0["metrics"] == rec1["metrics"], step
+        assert rec0["metrics"]["dynamic_sampling/groups_kept"] == 3, step
+        extra_batches += rec0["metrics"]["dynamic_sampling/generation_batches"] - 1
+        gathered = torch.tensor(rec0["gathered"]).view(-1, DS_GROUP)
+        assert gathered.shape == (3, DS_GROUP) and (gathered.amax(dim=1) > gathered.amin(dim=1)).all(), step
+        assert not any(p.startswith("=") for p in rec0["logged_prompts"]), step
+        expected = group_normalize(gathered.flatten(), DS_GROUP, advantage_eps=1e-6, normalize_by_std=True)
+        for rank, rec in enumerate((rec0, rec1)):
+            # each rank holds its contiguous slice of the built batch, with the advantages of those rows
+            assert rec["rows"] == DS_PER_RANK
+            assert rec["local_prompts"] == rec0["logged_prompts"][rank * DS_PER_RANK : (rank + 1) * DS_PER_RANK]
+            torch.testing.assert_close(
+                torch.tensor(rec["advantages"]), expected[rank * DS_PER_RANK : (rank + 1) * DS_PER_RANK]
+            )
+    assert extra_batches > 0  # equal-reward groups were dropped and replaced at some step
+    for name, value in ranks[0]["params"].items():
+        assert value == ranks[1]["params"][name], name

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import run_torchrun
+from helpers import run_ranks
 
 from trl_ext.preflight.memory import _model_states
 from trl_ext.preflight.models import ModelShape
@@ -42,7 +42,7 @@ def measured(tmp_path_factory):
     model = tiny_model(build_char_tokenizer())
     model.save_pretrained(root / "model")
     n_tensors = len(list(model.parameters()))
-    run_torchrun(SCRIPT, str(root), str(root / "model"), nproc=WORLD, timeout=400)
+    run_ranks(SCRIPT, str(root), str(root / "model"), nproc=WORLD, timeout=400)
     ranks = {
         stage: [json.loads((root / f"zero{stage}_rank{r}.json").read_text()) for r in range(WORLD)] for stage in (2, 3)
     }

@@ -1,12 +1,15 @@
 """GRPO under DeepSpeed ZeRO-2 and ZeRO-3 on two CPU processes (gloo): the same batches give the same losses and
 gradients as under DDP.
 
-tests/scripts/zero_equivalence.py runs once per engine: DDP under torch.distributed.run, ZeRO-2 / ZeRO-3 under
-`accelerate launch --config_file accelerate_configs/cpu_zero{2,3}.yaml` (the CPU counterparts of the GPU layouts'
-zero2 / zero3.yaml). Each launch trains the default objective with beta 0.04 (TRL's reference model; under ZeRO-3
-sharded by `trl.models.utils.prepare_deepspeed`) and Dr.GRPO with beta 0, on fixed completions, and records on
-the first optimizer step's batch each rank's loss and every full gradient, `padding_free` off and on. With beta > 0
-the policy starts from perturbed weights, so the KL term and its gradient count.
+tests/scripts/zero_equivalence.py runs the three engines one after the other in the two processes of one
+`accelerate launch --config_file accelerate_configs/cpu_zero3.yaml` (one process start for all three): DDP without
+the launch's `ACCELERATE_USE_DEEPSPEED`, ZeRO-2 with the environment a launch of accelerate_configs/cpu_zero2.yaml
+sets, ZeRO-3 with the launch's own (the CPU counterparts of the GPU layouts' zero2 / zero3.yaml). Each engine trains
+the default objective with beta 0.04 (TRL's reference model; under ZeRO-3 sharded by
+`trl.models.utils.prepare_deepspeed`) and Dr.GRPO with beta 0, on fixed completions, and records on the first
+optimizer step's batch each rank's loss and every full gradient, `padding_free` off and on, and what it ran (the
+wrapper, DeepSpeed's ZeRO stage, the partitioned parameters). With beta > 0 the policy starts from perturbed
+weights, so the KL term and its gradient count.
 
 The reference is DDP, itself checked against single-process training elsewhere (tests/test_trainer_distributed.py).
 Tolerances: losses and reference log-probs to 1e-6 (the same fp32 forward), gradients to 1e-5 of each tensor's
@@ -38,36 +41,20 @@ if os.environ.get("TRL_EXT_REQUIRE_VLLM") != "1":  # `make test` on a CPU machin
     pytest.importorskip("deepspeed", reason="DeepSpeed not installed (the deepspeed extra)")
 
 
-def launch(engine: str, out: Path, model_dir: Path) -> subprocess.Popen:
-    port = f"{free_port()}"
-    if engine == "ddp":
-        head = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--nnodes=1",
-            f"--master_port={port}",
-        ]
-    else:
-        config = ROOT / "accelerate_configs" / f"cpu_{engine}.yaml"
-        head = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(config),
-            "--main_process_port",
-            port,
-        ]
+def launch(out: Path, model_dir: Path) -> subprocess.CompletedProcess:
+    """Every engine in turn in one ZeRO-3 launch's two processes (the script sets each engine's environment)."""
+    config = ROOT / "accelerate_configs" / "cpu_zero3.yaml"
+    head = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    head += ["--main_process_port", str(free_port())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(out / f"{engine}.log", "w")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen([*head, str(SCRIPT), str(out), str(model_dir), engine], env=env, stdout=log, stderr=log)
+    with open(out / "launch.log", "w") as log:
+        cmd = [*head, str(SCRIPT), str(out), str(model_dir), ",".join(ENGINES)]
+        return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    """{engine: [rank 0 record, rank 1 record]}; the three launches run side by side."""
+    """{engine: [rank 0 record, rank 1 record]}, from one launch."""
     from test_trainer_helpers import tiny_model
 
     from trl_ext.tiny import build_char_tokenizer
@@ -80,10 +67,8 @@ def records(tmp_path_factory):
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(out / "policy")
-    procs = {engine: launch(engine, out, out / "model") for engine in ENGINES}
-    for engine, proc in procs.items():
-        code = proc.wait(timeout=600)
-        assert code == 0, (out / f"{engine}.log").read_text()[-3000:]
+    proc = launch(out, out / "model")
+    assert proc.returncode == 0, (out / "launch.log").read_text()[-3000:]
     return {e: [json.loads((out / f"{e}_rank{r}.json").read_text()) for r in (0, 1)] for e in ENGINES}
 
 
@@ -96,11 +81,17 @@ def max_rel(a: dict, b: dict) -> float:
 
 @pytest.mark.slow
 def test_the_engines_are_what_they_claim(records):
+    """All three ran in the same two processes: each trainer's wrapper, DeepSpeed's own stage and whether the policy
+    is ZeRO-3 partitioned show that each built the engine it is named after."""
     for rank in (0, 1):
         for run in RUNS:
+            assert all(records[engine][rank][run]["processes"] == 2 for engine in ENGINES)
             assert records["ddp"][rank][run]["engine"] == "DistributedDataParallel"
-            for engine in ("zero2", "zero3"):
+            assert records["ddp"][rank][run]["zero_stage"] is None and records["ddp"][rank][run]["zero3"] is False
+            for engine, stage in (("zero2", 2), ("zero3", 3)):
                 assert records[engine][rank][run]["engine"] == "DeepSpeedEngine"
+                assert records[engine][rank][run]["zero_stage"] == stage
+                assert records[engine][rank][run]["zero3"] is (stage == 3)  # ZeRO-3's parameters are partitions
             with_ref = run.endswith("b04")
             # TRL prepares the reference as a DeepSpeed engine under ZeRO, with ZeRO-3's sharded parameters at stage 3
             assert (records["zero3"][rank][run]["ref_engine"] == "DeepSpeedEngine") is with_ref

@@ -1,25 +1,31 @@
 """The same GRPO batches under DDP, ZeRO-2 and ZeRO-3 on two CPU processes, for tests/test_zero_training.py.
 
-Usage: zero_equivalence.py OUT_DIR MODEL_DIR ENGINE
+Usage: zero_equivalence.py OUT_DIR MODEL_DIR ENGINE[,ENGINE ...]
 
-ENGINE `ddp` runs under torch.distributed.run (gloo); `zero2` / `zero3` under
-`accelerate launch --config_file accelerate_configs/cpu_zero{2,3}.yaml`, which makes TrainingArguments build
-DeepSpeed's engine as the GPU layouts do. For the default objective with beta 0.04 (a reference model: TRL loads it
-from MODEL_DIR and, under ZeRO-3, shards it through `prepare_deepspeed`) and Dr.GRPO with beta 0, one trainer each
-runs one optimizer step; the completions are fixed (a function of the prompt's tokens, the row and the rank) so
-every engine scores the same batches. On the step's batch, before the step, `_compute_loss` and the engine's own
+Runs under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`, every ENGINE in turn in the launch's
+two processes (one process start for all three; `engine_environment`): `ddp` without the launch's
+`ACCELERATE_USE_DEEPSPEED`, so TrainingArguments sets up DDP over the launch's gloo group; `zero2` with the
+environment `accelerate_configs/cpu_zero2.yaml` gives a launch (stage 2, no ZeRO-3 fields); `zero3` with the
+launch's own. Each `TrainingArguments` re-reads that environment and resets accelerate's state, so each trainer
+builds its own engine as the GPU layouts do. For the default objective with beta 0.04 (a reference model: TRL loads
+it from MODEL_DIR and, under ZeRO-3, shards it through `prepare_deepspeed`) and Dr.GRPO with beta 0, one trainer
+each runs one optimizer step; the completions are fixed (a function of the prompt's tokens, the row and the rank)
+so every engine scores the same batches. On the step's batch, before the step, `_compute_loss` and the engine's own
 backward run with `padding_free` off and on, and each rank records its loss, the reference log-probs of the batch
 and every full gradient (`deepspeed.utils.safe_get_full_grad` under ZeRO: the averaged gradient DeepSpeed reduced
-into its partitions; each flag's own gradient, see ACCUMULATES). With beta > 0 the policy starts perturbed from the
-reference (MODEL_DIR/../policy: MODEL_DIR's weights perturbed), so the KL term counts.
-Writes OUT_DIR/ENGINE_rank{rank}.json.
+into its partitions; each flag's own gradient, see ACCUMULATES), and what the trainer ran: the wrapper's class, the
+ZeRO stage of its DeepSpeed engine, whether the policy's and the reference's parameters are ZeRO-3 partitions.
+With beta > 0 the policy starts perturbed from the reference (MODEL_DIR/../policy: MODEL_DIR's weights perturbed),
+so the KL term counts. Writes OUT_DIR/ENGINE_rank{rank}.json.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -44,6 +50,29 @@ RUNS = {"dr_grpo_b0": ("dr_grpo", 0.0), "default_b04": (None, 0.04)}
 ACCUMULATES = {"ddp": True, "zero2": False, "zero3": True}
 
 
+# The launch's (cpu_zero3.yaml) DeepSpeed variables that cpu_zero2.yaml's launch does not export.
+ZERO3_ONLY = ("ACCELERATE_DEEPSPEED_ZERO3_INIT", "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL")
+
+
+@contextmanager
+def engine_environment(engine: str):
+    """The launch's environment as a launch of ENGINE's own config would have set it, while ENGINE's trainer is
+    built and trains: `ddp` without `ACCELERATE_USE_DEEPSPEED`, `zero2` at stage 2 without the ZeRO-3 fields,
+    `zero3` unchanged. Restored afterwards."""
+    saved = dict(os.environ)
+    if engine == "ddp":
+        os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    elif engine == "zero2":
+        os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"] = "2"
+        for name in ZERO3_ONLY:
+            os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def fixed_completions(prompt_ids: list[list[int]], rank: int, vocab: int, eos: int) -> list[list[int]]:
     """Deterministic completions of ragged lengths (1 to 8 tokens, some ending in eos) for a generation batch."""
     out = []
@@ -57,17 +86,21 @@ def fixed_completions(prompt_ids: list[list[int]], rank: int, vocab: int, eos: i
 
 
 def main() -> None:
-    out_dir, model_dir, engine = sys.argv[1], sys.argv[2], sys.argv[3]
+    out_dir, model_dir, engines = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     torch.set_num_threads(1)
-    if engine != "ddp":
-        from helpers import no_shm_comm
+    from helpers import muon_uncompiled, no_shm_comm
 
-        no_shm_comm()
+    no_shm_comm()
+    muon_uncompiled()
     from test_trainer_helpers import make_trainer
     from transformers import AutoModelForCausalLM
 
     from trl_ext import AblationGRPOTrainer
     from trl_ext.tiny import build_char_tokenizer
+
+    # Every `train()` ends in a full garbage collection (accelerate's `free_memory`), as does ZeRO-3's defragmentation:
+    # 0.4 CPU s each over the imported modules' objects. Frozen, they are left out of every collection.
+    gc.freeze()
 
     rank = int(os.environ["RANK"])
     tokenizer = build_char_tokenizer()
@@ -93,7 +126,7 @@ def main() -> None:
                 self.args.padding_free = flag
                 self.current_gradient_accumulation_steps = 1
                 loss = self._compute_loss(model, inputs)
-                if engine == "ddp":
+                if self.engine == "ddp":
                     loss.backward()
                     grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters()}
                 else:
@@ -103,7 +136,7 @@ def main() -> None:
                     grads = {n: safe_get_full_grad(p).detach().clone() for n, p in self.model.named_parameters()}
                 own = (
                     grads
-                    if before is None or not ACCUMULATES[engine]
+                    if before is None or not ACCUMULATES[self.engine]
                     else {n: g - before[n] for n, g in grads.items()}
                 )
                 before = grads
@@ -117,8 +150,7 @@ def main() -> None:
             self.args.padding_free = False
             return out
 
-    results = {}
-    for name, (loss_type, beta) in RUNS.items():
+    def run(engine: str, name: str, loss_type: str | None, beta: float) -> dict:
         # With beta > 0 the policy starts from MODEL_DIR/../policy (MODEL_DIR's weights perturbed) and TRL loads the
         # reference from MODEL_DIR (the policy config's name), so the KL term and its gradient are not zero.
         model = AutoModelForCausalLM.from_pretrained(Path(model_dir).parent / "policy" if beta else model_dir)
@@ -130,16 +162,28 @@ def main() -> None:
         if loss_type is not None:
             kwargs.update(loss_type=loss_type, scale_rewards="none")
         trainer = make_trainer(tokenizer, os.path.join(out_dir, f"{engine}_{name}"), **kwargs)
-        trainer.record = {}
+        trainer.engine, trainer.record = engine, {}
         trainer.train()
-        trainer.record["engine"] = type(trainer.model_wrapped).__name__
+        wrapped = trainer.model_wrapped
+        trainer.record["engine"] = type(wrapped).__name__
+        trainer.record["processes"] = trainer.accelerator.num_processes
+        stage = getattr(wrapped, "zero_optimization_stage", None)  # DeepSpeedEngine's: the stage it runs
+        trainer.record["zero_stage"] = None if stage is None else stage()
+        trainer.record["zero3"] = hasattr(next(trainer.model.parameters()), "ds_tensor")
         trainer.record["ref_engine"] = None if trainer.ref_model is None else type(trainer.ref_model).__name__
         trainer.record["ref_zero3"] = bool(trainer.ref_model is not None and hasattr(
             next(trainer.ref_model.parameters()), "ds_tensor"))  # fmt: skip
-        results[name] = trainer.record
-        del trainer
-    with open(os.path.join(out_dir, f"{engine}_rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+        return trainer.record
+
+    for engine in engines:
+        with engine_environment(engine):
+            results = {name: run(engine, name, loss_type, beta) for name, (loss_type, beta) in RUNS.items()}
+        with open(os.path.join(out_dir, f"{engine}_rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+    # Both ranks leave together and close gloo's connections (a rank that exits while its peer still holds them can
+    # abort in gloo's teardown).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

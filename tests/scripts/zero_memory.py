@@ -1,6 +1,6 @@
 """The bytes DeepSpeed's ZeRO engine holds per rank, for tests/test_zero_memory.py.
 
-Usage (under torch.distributed.run, W processes): zero_memory.py OUT_DIR MODEL_DIR
+Usage (W ranks: tests/helpers.py `run_ranks`, or torch.distributed.run): zero_memory.py OUT_DIR MODEL_DIR
 
 For ZeRO stages 2 and 3 in turn: `deepspeed.initialize` on the model in MODEL_DIR (bf16, torch's AdamW, as the GPU
 layouts run it), one forward and backward, then per rank the numel and element size of what the engine keeps,
@@ -11,6 +11,7 @@ gradient partition. Writes OUT_DIR/zero{stage}_rank{rank}.json.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -64,9 +65,14 @@ def measure(stage: int, model_dir: str) -> dict:
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from helpers import no_shm_comm
+    from helpers import muon_uncompiled, no_shm_comm
 
     no_shm_comm()
+    muon_uncompiled()
+    import deepspeed  # noqa: F401
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    gc.freeze()  # the imported modules' objects out of ZeRO-3's full garbage collection (its defragmentation)
     out_dir, model_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
