@@ -6,7 +6,7 @@ engine's worker process. The killed run's server keeps the worker in the engine-
 executor, `VLLM_ENABLE_V1_MULTIPROCESSING=0`; `vllm serve` still starts the engine core as a process of its own): the
 SIGKILL still orphans that engine process, which is what its "no orphan" check is about, and no worker process
 imports vLLM again and busy-polls a queue while the client generates in a loop (the worker process used 20 of that
-run's 79 CPU s in one measured run on a 2-core CPU; the engine core then used 6 s more).
+run's 79 CPU s in one measured run on a 2-core CPU; the engine core then used 5-6 s more).
 The trainer is tests/scripts/vllm_client.py (TRL's `VLLMClient`; no weight sync, which needs NCCL and a GPU).
 "No orphan" is checked with a marker variable in the launcher's environment: every process the launch started
 inherits it, and none may be left once the launcher returned. What a real server cannot show (port already in use,
