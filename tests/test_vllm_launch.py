@@ -1,6 +1,12 @@
 """`trl-ext launch` with the real `trl vllm-serve` on vLLM's CPU build: start, health, generation, stop, bind host.
 
 Two real servers for the module (one per launch): a clean run, and a run whose server is killed mid-generation.
+The clean run's server has vLLM's default layout on the CPU: the API server, its engine-core process and the
+engine's worker process. The killed run's server keeps the worker in the engine-core process (vLLM's uniprocess
+executor, `VLLM_ENABLE_V1_MULTIPROCESSING=0`; `vllm serve` still starts the engine core as a process of its own): the
+SIGKILL still orphans that engine process, which is what its "no orphan" check is about, and no worker process
+imports vLLM again and busy-polls a queue while the client generates in a loop (the worker process used 20 of that
+run's 79 CPU s in one measured run on a 2-core CPU; the engine core then used 5-6 s more).
 The trainer is tests/scripts/vllm_client.py (TRL's `VLLMClient`; no weight sync, which needs NCCL and a GPU).
 "No orphan" is checked with a marker variable in the launcher's environment: every process the launch started
 inherits it, and none may be left once the launcher returned. What a real server cannot show (port already in use,
@@ -82,8 +88,9 @@ def setup(tmp_path_factory):
     return {"root": root, "model": model}
 
 
-def _launch(setup: dict, name: str, client_args: list[str]) -> tuple[subprocess.Popen, dict]:
-    """Starts `python -m trl_ext.cli launch` (server-mode recipe on a free port; TRL's default host 0.0.0.0)."""
+def _launch(setup: dict, name: str, client_args: list[str], **env: str) -> tuple[subprocess.Popen, dict]:
+    """Starts `python -m trl_ext.cli launch` (server-mode recipe on a free port; TRL's default host 0.0.0.0), with
+    `env` added to its environment (and so to the server's and the client's)."""
     root, port, marker = setup["root"] / name, free_port(), uuid.uuid4().hex
     root.mkdir()
     (root / "recipe.yaml").write_text(
@@ -97,7 +104,7 @@ def _launch(setup: dict, name: str, client_args: list[str]) -> tuple[subprocess.
             "--vllm-args", SERVER_ARGS, "--train-cmd", " ".join([client, *client_args])]  # fmt: skip
     out = open(root / "launcher.out", "w")  # noqa: SIM115 -- closed by the caller through the Popen
     proc = subprocess.Popen(
-        argv, cwd=REPO, env=child_env(TRL_EXT_TEST_MARK=marker), stdout=out, stderr=subprocess.STDOUT
+        argv, cwd=REPO, env=child_env(TRL_EXT_TEST_MARK=marker, **env), stdout=out, stderr=subprocess.STDOUT
     )
     return proc, {"root": root, "port": port, "marker": marker, "record": record, "out": root / "launcher.out"}
 
@@ -176,8 +183,8 @@ def test_server_killed_mid_run_fails_the_launch_with_its_log(setup):
     connection error (after one retry: TRL's own 60 s of backoff are checked against the launcher's wait in the clean
     run), the launcher exits 1 naming the server's exit and showing its log's last lines, and no process of the
     launch is left. Catches a launcher that waits forever on a trainer whose server is gone, or returns 0, or leaves
-    the engine process behind."""
-    proc, info = _launch(setup, "killed", ["--loop", "--retries", "1"])
+    the engine process behind (here the engine core with its worker inside: see the module's docstring)."""
+    proc, info = _launch(setup, "killed", ["--loop", "--retries", "1"], VLLM_ENABLE_V1_MULTIPROCESSING="0")
     try:
         deadline = time.monotonic() + 900
         pid = None
