@@ -1,6 +1,6 @@
 """Expert iteration without an engine: the config's refusals, the pure pieces (kept mask, question sampler, SFT
 batches, SFT micro-step), the shipped EI recipes against their GRPO twins, errors before any model loads, and a short
-in-process run on the transformers backend (the vLLM path is tests/test_vllm_expert_iteration.py)."""
+in-process run on the transformers backend (the vLLM path is tests/vllm_expert_iteration_checks.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Validation accuracy during SFT (`trl_ext.expert_iteration.sft_validation`, `accuracy_*` recipe fields) through
 the real SFT recipe path (`run_sft_recipe` on a YAML whose `base:` is recipes/sft/size_128.yaml), with the transformers
-backend; the vLLM backend's generation is checked on the real engine in tests/test_vllm_expert_iteration.py."""
+backend; the vLLM backend's generation is checked on the real engine in tests/vllm_expert_iteration_checks.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,13 @@
 """GRPO with vLLM in colocate mode on the real CPU engine: training steps, weight sync, importance sampling.
 
-One engine for the module: tests/scripts/vllm_colocate.py trains `AblationGRPOTrainer` for 3 steps in a child
-process and records what the engine and the trainer computed (see its docstring). TRL's own sync cannot run on the
+tests/scripts/vllm_colocate.py trains `AblationGRPOTrainer` for 3 steps and records what the engine and the trainer
+computed (see its docstring). It is the first of the colocated runs that tests/scripts/vllm_colocated_runs.py runs
+one after another in ONE child process (vLLM pins the threads of the process that hosts an engine and initialises
+torch.distributed there): this run with vLLM's compiled graph (inductor, what users get: the suite's only colocated
+engine with it), then, each with its own trainer and an engine run eagerly, the records of the checks this module
+collects from tests/vllm_finish_reasons_checks.py, tests/vllm_dynamic_sampling_checks.py and
+tests/vllm_expert_iteration_checks.py. The process pays the imports of torch, transformers, TRL and vLLM once instead
+of four times. TRL's own sync cannot run on the
 CPU engine (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`, see
 trl_ext/grpo/weight_sync/colocate.py); `AblationGRPOTrainer` installs
 `trl_ext.grpo.weight_sync.colocate.sync_weights_cpu` there.
@@ -25,9 +31,28 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
-from vllm_helpers import require_vllm_cpu, run_script
+from vllm_dynamic_sampling_checks import (  # noqa: F401 -- collected here to share this module's child process
+    test_trained_batches_hold_only_varied_groups,
+    test_vllm_entries_stay_on_their_rows,
+)
+from vllm_expert_iteration_checks import (  # noqa: F401 -- collected here to share this module's child process
+    test_kept_completions_are_exactly_those_the_reward_marks_correct,
+    test_rollouts_come_from_the_engine_with_the_trained_weights,
+    test_sft_accuracy_generates_greedily_with_the_engine,
+    test_sft_loss_and_entropy_equal_a_plain_forward,
+    test_the_colocated_cpu_engine_of_expert_iteration_samples_with_the_sampler_fix,
+    test_validation_logs_entropy_and_reward_as_grpo_does,
+)
+from vllm_finish_reasons_checks import (  # noqa: F401 -- collected here to share this module's child process
+    test_special_token_stop_string_with_special_tokens_kept_is_finished,
+    test_speculative_tokens_past_the_stop_string_are_finished,
+    test_stop_string_matched_inside_min_tokens_does_not_hide_the_real_stop,
+)
+from vllm_helpers import SCRIPTS, child_env, require_vllm_cpu
 
 LOGP_TOL = 0.1  # bfloat16 engine vs float32 trainer: 10 x the measured per-token std 0.010 (module docstring)
 
@@ -35,11 +60,48 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def colocate(tmp_path_factory):
+def colocated_runs(tmp_path_factory):
+    """The output folder of tests/scripts/vllm_colocated_runs.py (every run; one that failed fails only its tests)."""
     require_vllm_cpu()
-    out = tmp_path_factory.mktemp("colocate")
-    run_script("vllm_colocate.py", str(out), "3", timeout=900, log=out / "run.log")
-    return json.loads((out / "result.json").read_text())
+    out = tmp_path_factory.mktemp("colocated_runs")
+    with open(out / "run.log", "w") as log:
+        argv = [sys.executable, str(SCRIPTS / "vllm_colocated_runs.py"), str(out)]
+        subprocess.run(argv, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    return out
+
+
+def _result(out, name: str) -> dict:
+    """Run `name`'s result.json; fails with its traceback (or the log's tail when the process died) if it has none."""
+    path = out / name / "result.json"
+    if not path.exists():
+        error = out / name / "error.txt"
+        text = error.read_text() if error.exists() else (out / "run.log").read_text(errors="replace")
+        pytest.fail(f"the colocated run {name!r} wrote no result; " + "\n".join(text.splitlines()[-40:]))
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def colocate(colocated_runs):
+    return _result(colocated_runs, "colocate")
+
+
+@pytest.fixture(scope="module")
+def finish_reasons(colocated_runs):
+    from transformers import AutoTokenizer
+
+    result = _result(colocated_runs, "finish_reasons")
+    result["tokenizer"] = AutoTokenizer.from_pretrained(str(colocated_runs / "finish_reasons" / "model"))
+    return result
+
+
+@pytest.fixture(scope="module")
+def dynamic_sampling(colocated_runs):
+    return _result(colocated_runs, "dynamic_sampling")
+
+
+@pytest.fixture(scope="module")
+def ei(colocated_runs):
+    return _result(colocated_runs, "expert_iteration")
 
 
 def test_three_training_steps_generate_with_the_synced_weights(colocate):
@@ -50,6 +112,7 @@ def test_three_training_steps_generate_with_the_synced_weights(colocate):
     assert colocate["global_step"] == 3 and len(colocate["losses"]) == 3
     assert [g["step"] for g in colocate["generations"]] == [0, 1, 2]
     assert colocate["engine_dtype"] == "torch.bfloat16"
+    assert colocate["graph_backend"] == "inductor"  # the compiled graph users get (the other runs' is eager)
     for generation in colocate["generations"]:
         assert len(generation["rows"]) == 8
         for row in generation["rows"]:

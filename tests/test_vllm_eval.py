@@ -1,11 +1,13 @@
 """`trl-ext eval --backend vllm` on the real CPU engine against `--backend transformers` on the same tiny model.
 
-Two engine runs for the module (each `trl-ext eval` starts one, in a child process): greedy (`--backend vllm`), and
-sampled with n=8 (`--backend auto`, which picks the CPU engine where its build is installed and there is no GPU).
-Each child hosts its engine in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's own switch, which on the CPU also
-keeps the model in that process instead of a worker): the same engine, model code and sampler as the default layout
-(checked: the greedy run's responses and log-probs are identical with and without it), without vLLM's engine and
-worker processes, each of which imports vLLM again (36 against 27 CPU-s for the greedy run on this machine).
+Two engine runs for the module (each `trl-ext eval` starts one): greedy (`--backend vllm`), and sampled with n=8
+(`--backend auto`, which picks the CPU engine where its build is installed and there is no GPU). Both commands run one
+after the other in ONE child process (tests/scripts/trl_ext_commands.py: the CLI's app, each command's output in its
+own log), which pays the imports of torch, transformers and vLLM once. The child hosts each engine in-process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's own switch, which on the CPU also keeps the model in that process instead
+of a worker): the same engine, model code and sampler as the default layout (checked: the greedy run's responses and
+log-probs are identical with and without it), without vLLM's engine and worker processes, each of which imports vLLM
+again (36 against 27 CPU-s for the greedy run on this machine).
 The tiny model is float32 and the CPU engine runs it in float32 (`--dtype float32`, the default), so greedy decoding
 must give the same tokens as transformers. The checkpoint's generation_config sets a repetition penalty, top-k,
 top-p and temperature of its own (as Qwen2.5 Instruct checkpoints do): both backends must sample only what the
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import shared_path
-from vllm_helpers import require_vllm_cpu, run_checked, save_engine_model
+from vllm_helpers import SCRIPTS, require_vllm_cpu, run_checked, save_engine_model
 
 LOGP_TOL = 1e-4  # float32 engine vs float32 forward, measured max 1e-6
 PROBLEMS = 16
@@ -59,9 +61,14 @@ def runs(tmp_path_factory):
     greedy = ["--temperature", "0", "--n", "1", "--max-tokens", "24", "--ns", "1"]
     sampled = ["--temperature", "1.0", "--n", "8", "--max-tokens", "12,24", "--ns", "1,4,8"]
     # the sampled run leaves the backend to `auto`, which must pick this machine's CPU engine (issue 29 item 5)
+    commands = []
     for name, args in (("greedy", [*greedy, "--backend", "vllm"]), ("sampled", [*sampled, "--backend", "auto"])):
-        argv = _eval_argv(model, data, root / f"vllm_{name}", *args)
-        run_checked(argv, timeout=900, log=root / f"vllm_{name}.log", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        commands += [
+            str(root / f"vllm_{name}.log"),
+            json.dumps(_eval_argv(model, data, root / f"vllm_{name}", *args)[3:]),
+        ]
+    argv = [sys.executable, str(SCRIPTS / "trl_ext_commands.py"), *commands]
+    run_checked(argv, timeout=900, log=root / "commands.log", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     return {"root": root, "model": model, "data": data, "greedy_args": greedy}
 
 

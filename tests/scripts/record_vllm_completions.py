@@ -11,8 +11,8 @@ n > 1; at most 4 stop strings, its limit):
 
 Writes OUT_FILE: `{"server": argv, "exchanges": [{"case", "request", "response"}]}`, each response as the server
 sent it. tests/test_finished.py replays them to TRL's client. No speculative decoding here: with TRL's `logprobs=0`
-the CPU server then answers 400 ("Out of range float values are not JSON compliant"); tests/test_vllm_finish_reasons.py
-covers it in colocate mode.
+the CPU server then answers 400 ("Out of range float values are not JSON compliant");
+tests/vllm_finish_reasons_checks.py covers it in colocate mode.
 """
 
 from __future__ import annotations

@@ -190,6 +190,7 @@ def main(out_dir: Path, steps: int) -> None:
         "fixed_before": before,
         "fixed_after": after,
         "engine_dtype": str(llm.llm_engine.model_config.dtype),
+        "graph_backend": llm.llm_engine.vllm_config.compilation_config.backend,  # inductor: the compiled graph
         "sampler_fixed": engine_sampler(llm).use_fp64_gumbel,  # read back from the engine's own sampler
         "model_path": str(out_dir / "model"),
         "stops": STOPS,

@@ -1,4 +1,5 @@
-"""GRPO with dynamic sampling in vLLM colocate mode on the CPU engine, with records for tests/test_sampling_vllm.py.
+"""GRPO with dynamic sampling in vLLM colocate mode on the CPU engine, with records for
+tests/vllm_dynamic_sampling_checks.py.
 
 Usage: vllm_dynamic_sampling.py OUT_DIR [STEPS]. Trains `AblationGRPOTrainer` (`use_vllm=True,
 vllm_mode="colocate"`, importance-sampling correction on, `dynamic_sampling=True`) on a tiny Qwen3, with a reward

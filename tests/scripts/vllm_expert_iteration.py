@@ -1,5 +1,5 @@
 """Expert iteration through the real recipe path on the CPU vLLM engine (colocate mode), with records for
-tests/test_vllm_expert_iteration.py.
+tests/vllm_expert_iteration_checks.py.
 
 Usage: vllm_expert_iteration.py OUT_DIR. Writes OUT_DIR/ei.yaml, whose `base:` is the shipped
 recipes/gsm8k/expert_iteration.yaml with the model, data, reward and sizes of a tiny CPU run (2 EI steps of 4

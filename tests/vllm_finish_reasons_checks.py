@@ -1,37 +1,20 @@
 """Truncation from vLLM's own word (issue 32 item 5), colocate mode on the real CPU engine.
 
-One engine for the module, decoding speculatively (vLLM's n-gram proposer runs on the CPU build):
-tests/scripts/vllm_finish_reasons.py runs `AblationGRPOTrainer._generate_and_score_completions` (TRL's vLLM path
-and our mixin, `mask_truncated_completions` on) once per case, and the same requests straight to `llm.generate`,
-whose `finish_reason` is the reference. Each case is a way the token-tail rule (`finished_completions`, still the
-transformers backend's rule) misreads a completion vLLM finished; each test first shows the case occurred (rows
-where that rule disagrees with vLLM, for the case's reason), then that the trainer followed vLLM on every row. The
-engine runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 90 CPU s for the module on this machine instead of
-123 with inductor).
-"""
+Collected by tests/test_vllm_colocate.py, whose one child process (tests/scripts/vllm_colocated_runs.py) runs these
+records' script, tests/scripts/vllm_finish_reasons.py, in turn with the other colocated runs: its own trainer and
+engine, the imports shared. The engine decodes speculatively (vLLM's n-gram proposer runs on the CPU build): the script
+runs `AblationGRPOTrainer._generate_and_score_completions` (TRL's vLLM path and our mixin, `mask_truncated_completions`
+on) once per case, and the same requests straight to `llm.generate`, whose `finish_reason` is the reference. Each case
+is a way the token-tail rule (`finished_completions`, still the transformers backend's rule) misreads a completion vLLM
+finished; each test first shows the case occurred (rows where that rule disagrees with vLLM, for the case's reason),
+then that the trainer followed vLLM on every row. The engine runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`:
+90 CPU s for the run in a process of its own on this machine instead of 123 with inductor)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from vllm_helpers import EAGER_GRAPH, require_vllm_cpu, run_script
-
-pytestmark = pytest.mark.slow
 
 MIN_TOKENS = 9  # tests/scripts/vllm_finish_reasons.py
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    require_vllm_cpu()
-    out = tmp_path_factory.mktemp("vllm_finish_reasons")
-    run_script("vllm_finish_reasons.py", str(out), timeout=900, log=out / "run.log", **EAGER_GRAPH)
-    result = json.loads((out / "result.json").read_text())
-    from transformers import AutoTokenizer
-
-    result["tokenizer"] = AutoTokenizer.from_pretrained(str(out / "model"))
-    return result
 
 
 def _trainer_followed_vllm(case: dict, pad: int) -> None:
@@ -49,12 +32,12 @@ def _trainer_followed_vllm(case: dict, pad: int) -> None:
     assert case["clipped_ratio"] == pytest.approx(sum(r["reason"] != "stop" for r in rows) / len(rows))
 
 
-def test_speculative_tokens_past_the_stop_string_are_finished(run):
+def test_speculative_tokens_past_the_stop_string_are_finished(finish_reasons):
     """With speculative decoding vLLM accepts several tokens a step and keeps them all in the ids, so a completion
     stopped at "yyy" can end "yyyy": the tail rule, which wants the stop string completed by the last token, calls
     it truncated (and `mask_truncated_completions` would drop it). Catches a trainer that guesses from the ids."""
-    assert "ngram" in run["spec_config"]
-    case, tok = run["cases"]["speculative"], run["tokenizer"]
+    assert "ngram" in finish_reasons["spec_config"]
+    case, tok = finish_reasons["cases"]["speculative"], finish_reasons["tokenizer"]
     past = [
         r
         for r in case["rows"]
@@ -65,24 +48,25 @@ def test_speculative_tokens_past_the_stop_string_are_finished(run):
     _trainer_followed_vllm(case, tok.pad_token_id)
 
 
-def test_special_token_stop_string_with_special_tokens_kept_is_finished(run):
+def test_special_token_stop_string_with_special_tokens_kept_is_finished(finish_reasons):
     """A stop string that is a special token (`</answer>` here), with `skip_special_tokens: false`: vLLM's text holds
     it and stops there; the tail rule decodes with `skip_special_tokens=True`, loses it, and calls the completion
     truncated. Catches a trainer that guesses from the decoded tail."""
-    case, tok = run["cases"]["special_stop"], run["tokenizer"]
+    case, tok = finish_reasons["cases"]["special_stop"], finish_reasons["tokenizer"]
     assert case["kwargs"]["skip_special_tokens"] is False
-    hit = [r for r in case["rows"] if r["reason"] == "stop" and r["stop_reason"] in run["tags"]]
+    hit = [r for r in case["rows"] if r["reason"] == "stop" and r["stop_reason"] in finish_reasons["tags"]]
     assert len(hit) >= 4 and not any(r["tail_rule"] for r in hit)
     for row in hit:
-        assert row["ids"][-1] == run["tags"][row["stop_reason"]] and row["stop_reason"] in tok.all_special_tokens
+        assert row["ids"][-1] == finish_reasons["tags"][row["stop_reason"]]
+        assert row["stop_reason"] in tok.all_special_tokens
     _trainer_followed_vllm(case, tok.pad_token_id)
 
 
-def test_stop_string_matched_inside_min_tokens_does_not_hide_the_real_stop(run):
+def test_stop_string_matched_inside_min_tokens_does_not_hide_the_real_stop(finish_reasons):
     """With `min_tokens`, vLLM skips the stop strings the first tokens complete; when it then stops at the same string
     a little later, the tail can still hold the skipped match, and the tail rule (the stop string must first appear
     with the last token) calls the completion truncated. Catches a trainer that guesses from the tail."""
-    case, tok = run["cases"]["min_tokens"], run["tokenizer"]
+    case, tok = finish_reasons["cases"]["min_tokens"], finish_reasons["tokenizer"]
     assert case["kwargs"]["min_tokens"] == MIN_TOKENS
     skipped = []
     for row in case["rows"]:
