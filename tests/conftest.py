@@ -71,26 +71,22 @@ def tiny_model(char_tokenizer):
 LONGEST_FIRST = (
     "test_demo.py",  # the reduced demo at two seeds (GRPO and its SFT-only control side by side)
     "test_vllm_server_sync.py",  # a real server, trainers (2 ranks under ZeRO-3 and DDP, then one process) syncing
+    "test_vllm_colocate.py",  # four colocated-engine runs in one child process (three other modules' checks)
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
-    "test_zero_training.py",  # three 2-process launches side by side (DDP, ZeRO-2, ZeRO-3)
-    "test_vllm_finish_reasons.py",
     "test_study_slurm.py",
     "test_preflight_runs.py",
     "test_study_runner.py",
-    "test_vllm_eval.py",
+    "test_zero_training.py",  # DDP, ZeRO-2 and ZeRO-3 one after the other in one 2-process launch
     "test_recipe_runs.py",
-    "test_vllm_colocate.py",
-    "test_vllm_expert_iteration.py",
-    "test_sampling_vllm.py",
+    "test_vllm_eval.py",
     "test_evaluation_smollm2.py",
-    "test_sampling_distributed.py",
-    "test_vllm_sampler.py",
-    "test_trainer_distributed.py",
-    "test_kissing_recipe.py",
-    "test_preflight_table.py",
-    "test_gpu_check.py",
     "test_trainer_learning.py",
+    "test_preflight_table.py",
+    "test_kissing_recipe.py",
+    "test_vllm_sampler.py",
     "test_zero_memory.py",
+    "test_trainer_distributed.py",
+    "test_gpu_check.py",
 )
 
 
