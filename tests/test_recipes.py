@@ -454,6 +454,21 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def test_recipe_files_read_as_they_are_now_and_a_loaded_mapping_is_the_callers(tmp_path):
+    """Recipe YAML texts are parsed once per process: an edited file reads as edited, and a caller that changes a
+    loaded mapping (a nested value too) does not change the next load."""
+    base = _write(tmp_path / "base.yaml", "learning_rate: 1.0e-5\ngeneration_kwargs: {stop: ['</answer>']}\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\nseed: 3\n")
+    expected = {"learning_rate": 1e-5, "generation_kwargs": {"stop": ["</answer>"]}, "seed": 3}
+    first = load_recipe_yaml(child)
+    assert first == expected
+    first["generation_kwargs"]["stop"].append("</think>")
+    first["seed"] = 4
+    assert load_recipe_yaml(child) == expected
+    base.write_text("learning_rate: 3.0e-5\n")
+    assert load_recipe_yaml(child) == {"learning_rate": 3e-5, "seed": 3}
+
+
 def test_base_chain_resolves_relative_paths_and_merges_env(tmp_path):
     (tmp_path / "sub").mkdir()
     _write(tmp_path / "root.yaml", "learning_rate: 1.0e-3\ntemperature: 0.5\nenv: {A: '1', B: '2'}\n")
