@@ -426,10 +426,47 @@ def test_math_script_help_runs_in_a_subprocess():
     assert "--pg_loss_type" in proc.stdout and "--n_grpo_steps" in proc.stdout
 
 
+def test_a_parse_after_another_gives_what_a_new_parser_gives(tmp_path):
+    """`parse_recipe_args` reuses one parser per kind in a process. A parse after others (whose YAMLs and flags set
+    other values, one refused, one whose result a caller grew in place) gives what a newly built parser gives."""
+    from trl_ext.recipes.arguments import apply_task_defaults
+    from trl_ext.recipes.parsing import resolve_max_steps
+
+    seed000 = ["--config", str(RECIPES / "countdown" / "seed000_grpo_l512.yaml"), *CPU]
+    first = parse_recipe_args("countdown", [*seed000, "--learning_rate", "1e-4", "--pg_loss_type", "no_baseline"])
+    assert first[1].learning_rate == 1e-4 and first[1].include_for_metrics == []
+    first[1].include_for_metrics.append("inputs")  # a list default, grown in place by a caller
+    bad = _write(tmp_path / "bad.yaml", f"base: {RECIPES / 'countdown' / 'base.yaml'}\nno_such_field: 1\n")
+    with pytest.raises(RecipeError, match="no_such_field"):
+        parse_recipe_args("countdown", ["--config", str(bad), *CPU])
+    argv = ["--config", str(RECIPES / "countdown" / "base.yaml"), *CPU]
+    again = parse_recipe_args("countdown", argv)
+    script, args, model = make_parser("grpo", task="countdown").parse_args_and_config(list(argv))
+    apply_task_defaults("countdown", script)
+    resolve_max_steps(script, args)
+    assert [dataclasses.asdict(x) for x in again] == [dataclasses.asdict(x) for x in (script, args, model)]
+    assert again[1].include_for_metrics == [] and again[1].learning_rate != 1e-4
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def test_recipe_files_read_as_they_are_now_and_a_loaded_mapping_is_the_callers(tmp_path):
+    """Recipe YAML texts are parsed once per process: an edited file reads as edited, and a caller that changes a
+    loaded mapping (a nested value too) does not change the next load."""
+    base = _write(tmp_path / "base.yaml", "learning_rate: 1.0e-5\ngeneration_kwargs: {stop: ['</answer>']}\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\nseed: 3\n")
+    expected = {"learning_rate": 1e-5, "generation_kwargs": {"stop": ["</answer>"]}, "seed": 3}
+    first = load_recipe_yaml(child)
+    assert first == expected
+    first["generation_kwargs"]["stop"].append("</think>")
+    first["seed"] = 4
+    assert load_recipe_yaml(child) == expected
+    base.write_text("learning_rate: 3.0e-5\n")
+    assert load_recipe_yaml(child) == {"learning_rate": 3e-5, "seed": 3}
 
 
 def test_base_chain_resolves_relative_paths_and_merges_env(tmp_path):

@@ -1,8 +1,8 @@
 """`trl-ext study run --slurm` against a real one-node Slurm (tests/slurm_cluster.py: munged, slurmctld, slurmd
 started here, no cgroups, no accounting): a two-run CPU study (one arm, two seeds: one sbatch array of two tasks,
-each a real `trl-ext launch` of the tiny model on one core) runs to COMPLETED and its report holds the numbers of
-the run folders; `status` reads the queue; `cancel` cancels. Skips, saying why, where Slurm is not installed or
-this is not root (.ci/run installs it)."""
+each a real `trl-ext launch` of the tiny model on one core, its trainer `accelerate launch` with vLLM hidden) runs
+to COMPLETED and its report holds the numbers of the run folders; `status` reads the queue; `cancel` cancels. Skips,
+saying why, where Slurm is not installed or this is not root (.ci/run installs it)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,18 @@ def _study(folder: Path, name: str, steps: int) -> Path:
     return study
 
 
+# The launcher's trainer command as it builds it for a one-process CPU config (`accelerate launch --config_file
+# FILE RECIPE --config YAML`), with the recipe started through tests/scripts/without_vllm.py: the tiny recipe
+# generates with transformers, and vLLM's imports would be 6-9 CPU s of each array task's trainer.
+TRAIN_CMD = (
+    f"{Path(sys.executable).with_name('accelerate')} launch --config_file {{accelerate_config}} "
+    f"{ROOT / 'tests' / 'scripts' / 'without_vllm.py'} {{recipe}} --config {{config}}"
+)
+
+
 def _cli(slurm, *args, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**slurm.env, "PYTHONPATH": str(ROOT)}
+    """`trl-ext study ...`; sbatch passes this environment (`TRL_EXT_TRAIN_CMD` included) on to the array tasks."""
+    env = {**slurm.env, "PYTHONPATH": str(ROOT), "TRL_EXT_TRAIN_CMD": TRAIN_CMD}
     command = [sys.executable, "-m", "trl_ext.cli", "study", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

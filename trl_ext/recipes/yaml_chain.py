@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -49,9 +51,7 @@ def _resolve_recipe(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any]
             raise RecipeError(f"{chain[-1]}: `base:` file not found: {path}")
         raise RecipeError(f"recipe file not found: {path}")
     try:
-        # libyaml's safe loader when PyYAML was built with it: the same YAML, about 10x faster to parse (a launch
-        # plan reads each recipe chain three times, the planning table hundreds of times).
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = copy.deepcopy(_parse_yaml(path.read_text()))  # a copy: the caller's mapping is its own to change
     except yaml.YAMLError as err:
         raise RecipeError(f"{path}: invalid YAML: {err}") from err
     data = {} if data is None else data
@@ -71,3 +71,13 @@ def _resolve_recipe(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any]
         merged[key] = value
         sources[key] = path
     return merged, sources
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_yaml(text: str) -> Any:
+    """A YAML text parsed, once per process and text: a launch plan reads each recipe chain three times, the planning
+    table hundreds of chains that share their base files. libyaml's safe loader when PyYAML was built with it: the
+    same YAML, about 10x faster to parse."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
