@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_trainer_helpers import freeze_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = 16
@@ -37,6 +38,7 @@ def folder(tmp_path, monkeypatch):
     from trl_ext.demo.config import DemoConfig
     from trl_ext.demo.run import _model
 
+    freeze_imports()  # the runs' end-of-training collections then skip the imported modules
     for name in ("recipes", "accelerate_configs"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)

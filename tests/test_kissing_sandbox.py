@@ -22,7 +22,7 @@ import pytest
 from trl_ext.rewards.kissing import run_points_program
 from trl_ext.rewards.sandbox import SandboxLimits, run_python
 
-SHORT = 2.0  # seconds: the limit of the cases that must be killed
+SHORT = 1.0  # seconds: the limit of the cases that must be killed (each burns up to that much CPU)
 GRACE = 30.0  # generous slack for a loaded 2-core machine; an unbounded run would never return at all
 
 
@@ -53,7 +53,12 @@ def _run(source: str, time_limit_s: float = 10.0, **limits) -> dict:
 
 HOSTILE = [
     # (case, program, limits, verdict substring)
-    ("infinite loop", "while True:\n    pass", {"time_limit_s": SHORT}, "time limit: the program ran for more than 2"),
+    (
+        "infinite loop",
+        "while True:\n    pass",
+        {"time_limit_s": SHORT},
+        "time limit: the program ran for more than 1 s and was killed",
+    ),
     ("sleeps forever", "import time\nwhile True:\n    time.sleep(1)", {"time_limit_s": SHORT}, "time limit"),
     (
         "fork bomb (os.fork)",

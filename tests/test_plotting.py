@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from conftest import shared_path
+from test_trainer_helpers import freeze_imports
 
 from trl_ext.plotting import PANELS, find_trainer_state, metric_key, plot_pass_at_n, plot_runs, wall_clock
 
@@ -82,6 +83,7 @@ def _train(tmp_path, name, loss_type, rollouts: bool):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
+    freeze_imports()  # the trainers' end-of-run collections then skip the imported modules
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("runs")

@@ -3,6 +3,7 @@ against numbers computed by hand, its arithmetic on every shipped GPU recipe, an
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,12 @@ def _transformers_param_count(config: dict) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
     return sum(p.numel() for p in model.parameters())
+
+
+@functools.cache
+def _known_param_count(name: str) -> int:
+    """`_transformers_param_count` of a known model, built once per model: the recipes share a few."""
+    return _transformers_param_count(KNOWN_CONFIGS[name])
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_CONFIGS))
@@ -115,7 +122,7 @@ def test_estimate_arithmetic_on_every_gpu_recipe(recipe, tmp_path):
     single = check_recipe(task, RECIPES / recipe, [], parsed, _ctx(), stated).estimate
     zero3 = check_recipe(task, RECIPES / recipe, [], parsed, _ctx(world_size=4, zero_stage=3), stated).estimate
     model = parsed[2]
-    params = _transformers_param_count(KNOWN_CONFIGS[model.model_name_or_path])
+    params = _known_param_count(model.model_name_or_path)
     weight_bytes = 2 if str(model.dtype) == "bfloat16" else 4
     assert single.phases["train"]["weights"] == weight_bytes * params
     assert zero3.phases["train"]["weights"] * 4 == 2 * params  # DeepSpeed: bf16 weights, sharded over 4
