@@ -5,11 +5,22 @@ model, scores each with `trl_ext.rewards.kissing` (sandbox + exact verifier), ke
 feeds the verifier's message back for the next round (iterative refinement). Modules: `backends` (HTTP / local
 model), `loop` (the rounds and the files), `report` (report.md), `cli` (the Typer command); `check` is
 `trl-ext kissing-check`, section 7.3's evaluator for an existing program. Importing this package is light: torch and
-numpy load only when a backend or the verifier runs.
+numpy load only when a backend or the verifier runs, and the public names below load their modules on
+first use (`trl-ext kissing-check` and `trl-ext --help` import none of them).
 """
 
-from trl_ext.discover.backends import BackendError, OpenAIChatBackend, TransformersChatBackend
-from trl_ext.discover.loop import FAILURE_PROMPT, SUCCESS_PROMPT, DiscoveryConfig, feedback_prompt, run_discovery
+from importlib import import_module
+
+_LAZY = {
+    "BackendError": "trl_ext.discover.backends",
+    "OpenAIChatBackend": "trl_ext.discover.backends",
+    "TransformersChatBackend": "trl_ext.discover.backends",
+    "FAILURE_PROMPT": "trl_ext.discover.loop",
+    "SUCCESS_PROMPT": "trl_ext.discover.loop",
+    "DiscoveryConfig": "trl_ext.discover.loop",
+    "feedback_prompt": "trl_ext.discover.loop",
+    "run_discovery": "trl_ext.discover.loop",
+}
 
 __all__ = [
     "FAILURE_PROMPT",
@@ -21,3 +32,9 @@ __all__ = [
     "feedback_prompt",
     "run_discovery",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.discover' has no attribute {name!r}")

@@ -28,24 +28,42 @@ Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut)
 runs, and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records),
 `summary` (pass@N / Best@N, categories), `pipeline` (`evaluate_model` in memory, `evaluate` with files). A library:
 it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
-`trl_ext.recipes.eval_command` is `trl-ext eval`).
+`trl_ext.recipes.eval_command` is `trl-ext eval`). The names below load their modules on first use.
 """
 
-from trl_ext.evaluation.config import BACKENDS, REWARD_NAMES, STOP, TASK_NAMES, EvalConfig, parse_int_list
-from trl_ext.evaluation.pipeline import evaluate, evaluate_model, load_problems, render_prompts, resolve_backend
-from trl_ext.evaluation.samples import Sample, cut_sample, cut_samples
-from trl_ext.evaluation.scoring import (
-    CATEGORIES,
-    RewardComponentsFn,
-    category,
-    ground_truth_of,
-    reward_name_for,
-    score_response,
-    score_samples,
-)
-from trl_ext.evaluation.summary import format_report, summarize
-from trl_ext.evaluation.transformers_backend import eos_token_ids, generate_transformers, load_model_and_tokenizer
-from trl_ext.evaluation.vllm_backend import generate_vllm, vllm_engine_kwargs, vllm_sampling_kwargs
+from importlib import import_module
+
+_LAZY = {
+    "BACKENDS": "trl_ext.evaluation.config",
+    "REWARD_NAMES": "trl_ext.evaluation.config",
+    "STOP": "trl_ext.evaluation.config",
+    "TASK_NAMES": "trl_ext.evaluation.config",
+    "EvalConfig": "trl_ext.evaluation.config",
+    "parse_int_list": "trl_ext.evaluation.config",
+    "evaluate": "trl_ext.evaluation.pipeline",
+    "evaluate_model": "trl_ext.evaluation.pipeline",
+    "load_problems": "trl_ext.evaluation.pipeline",
+    "render_prompts": "trl_ext.evaluation.pipeline",
+    "resolve_backend": "trl_ext.evaluation.pipeline",
+    "Sample": "trl_ext.evaluation.samples",
+    "cut_sample": "trl_ext.evaluation.samples",
+    "cut_samples": "trl_ext.evaluation.samples",
+    "CATEGORIES": "trl_ext.evaluation.scoring",
+    "RewardComponentsFn": "trl_ext.evaluation.scoring",
+    "category": "trl_ext.evaluation.scoring",
+    "ground_truth_of": "trl_ext.evaluation.scoring",
+    "reward_name_for": "trl_ext.evaluation.scoring",
+    "score_response": "trl_ext.evaluation.scoring",
+    "score_samples": "trl_ext.evaluation.scoring",
+    "format_report": "trl_ext.evaluation.summary",
+    "summarize": "trl_ext.evaluation.summary",
+    "eos_token_ids": "trl_ext.evaluation.transformers_backend",
+    "generate_transformers": "trl_ext.evaluation.transformers_backend",
+    "load_model_and_tokenizer": "trl_ext.evaluation.transformers_backend",
+    "generate_vllm": "trl_ext.evaluation.vllm_backend",
+    "vllm_engine_kwargs": "trl_ext.evaluation.vllm_backend",
+    "vllm_sampling_kwargs": "trl_ext.evaluation.vllm_backend",
+}
 
 __all__ = [
     "BACKENDS",
@@ -78,3 +96,9 @@ __all__ = [
     "vllm_engine_kwargs",
     "vllm_sampling_kwargs",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.evaluation' has no attribute {name!r}")

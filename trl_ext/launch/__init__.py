@@ -21,31 +21,44 @@ Modules: `configs` (reading the two config files), `planning` (pure: GPU split, 
 `cpu_layout` (the CPU server layout: cores, server flags),
 `checks` (the machine and the recipe's preflight over what was planned), `launcher` (`plan_launch`: read -> plan ->
 check), `supervision` (processes, signals, health polling), `table` (every shipped config x recipe x GPU count),
-`cli` (the Typer command). Top-level imports stay stdlib + typer so `trl-ext --help` is fast.
+`cli` (the Typer command). Top-level imports stay stdlib + typer so `trl-ext --help` is fast, and the public names
+below load their modules on first use: the Typer command imports the planning only when it runs.
 """
 
-from trl_ext.launch.cli import SERVER_CMD_ENV, TRAIN_CMD_ENV
-from trl_ext.launch.configs import (
-    AccelerateSetup,
-    LaunchError,
-    RecipeServing,
-    load_recipe_yaml,
-    read_accelerate_config,
-    read_recipe_serving,
-)
-from trl_ext.launch.launcher import plan_launch
-from trl_ext.launch.planning import (
-    HEALTH_PATH,
-    Command,
-    LaunchPlan,
-    detect_gpus,
-    server_command,
-    server_parallelism,
-    split_gpus,
-    tensor_parallel_sizes,
-    trainer_command,
-)
-from trl_ext.launch.supervision import ServerProcess, check_port_free, run_launch, stop_process_group
+from importlib import import_module
+
+_LAZY = {
+    **dict.fromkeys(("SERVER_CMD_ENV", "TRAIN_CMD_ENV"), "trl_ext.launch.cli"),
+    **dict.fromkeys(
+        (
+            "AccelerateSetup",
+            "LaunchError",
+            "RecipeServing",
+            "load_recipe_yaml",
+            "read_accelerate_config",
+            "read_recipe_serving",
+        ),
+        "trl_ext.launch.configs",
+    ),
+    "plan_launch": "trl_ext.launch.launcher",
+    **dict.fromkeys(
+        (
+            "HEALTH_PATH",
+            "Command",
+            "LaunchPlan",
+            "detect_gpus",
+            "server_command",
+            "server_parallelism",
+            "split_gpus",
+            "tensor_parallel_sizes",
+            "trainer_command",
+        ),
+        "trl_ext.launch.planning",
+    ),
+    **dict.fromkeys(
+        ("ServerProcess", "check_port_free", "run_launch", "stop_process_group"), "trl_ext.launch.supervision"
+    ),
+}
 
 __all__ = [
     "HEALTH_PATH",
@@ -71,3 +84,9 @@ __all__ = [
     "tensor_parallel_sizes",
     "trainer_command",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.launch' has no attribute {name!r}")

@@ -1,4 +1,7 @@
-"""`trl-ext launch`: the Typer command that plans a launch, prints it, and runs it."""
+"""`trl-ext launch`: the Typer command that plans a launch, prints it, and runs it.
+
+The planning and the supervision load only when the command runs: `trl-ext --help` and the other commands pay
+none of their imports."""
 
 from __future__ import annotations
 
@@ -6,10 +9,6 @@ import shlex
 from pathlib import Path
 
 import typer
-
-from trl_ext.launch.configs import LaunchError
-from trl_ext.launch.launcher import plan_launch
-from trl_ext.launch.supervision import run_launch
 
 SERVER_CMD_ENV = "TRL_EXT_SERVER_CMD"
 TRAIN_CMD_ENV = "TRL_EXT_TRAIN_CMD"
@@ -90,6 +89,10 @@ def register(app: typer.Typer) -> None:
             False, "--dry-run", help="Run the preflight, print the plan and both commands (with their env), and exit."
         ),
     ) -> None:
+        from trl_ext.launch.configs import LaunchError
+        from trl_ext.launch.launcher import plan_launch
+        from trl_ext.launch.supervision import run_launch
+
         try:
             plan = plan_launch(
                 accelerate_config,

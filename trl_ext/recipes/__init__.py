@@ -15,39 +15,50 @@ Modules: `yaml_chain` (`base:` chains), `stated` (the fields a recipe states), `
 dataclasses, task defaults), `parsing` (the parser and the values derived after parsing), `entry` (parse -> check
 with `trl_ext.preflight`, shared by the entry points and `trl-ext launch`), `data` (datasets), `training` (trainers,
 train / save / evaluate).
-Top-level imports are stdlib only; torch / TRL / datasets load inside the functions that need them.
+Top-level imports are stdlib only; torch / TRL / datasets load inside the functions that need them, and the names
+below load their modules on first use (`trl-ext eval`, which lives here, registers without the parser or the
+preflight).
 """
 
-from trl_ext.recipes.arguments import (
-    SFT_DEFAULT_DATASET,
-    TASK_DEFAULTS,
-    EIScriptArguments,
-    GRPOScriptArguments,
-    SFTScriptArguments,
-    apply_task_defaults,
-)
-from trl_ext.recipes.data import load_grpo_datasets, load_sft_dataset, load_sft_datasets
-from trl_ext.recipes.entry import ParsedRecipe, entry_preflight, parse_recipe, preflight_recipe
-from trl_ext.recipes.expert_iteration import build_ei_trainer, parse_ei_args, run_expert_iteration_recipe
-from trl_ext.recipes.parsing import (
-    VLLM_ONLY_GENERATION_KWARGS,
-    adapt_generation_kwargs,
-    make_parser,
-    optimizer_steps_per_rollout,
-    parse_recipe_args,
-    resolve_max_steps,
-)
-from trl_ext.recipes.stated import cli_overrides, stated_values
-from trl_ext.recipes.training import (
-    add_rollout_logging,
-    build_grpo_trainer,
-    build_sft_trainer,
-    model_init_kwargs,
-    run_grpo_recipe,
-    run_sft_recipe,
-    train_save_evaluate,
-)
-from trl_ext.recipes.yaml_chain import BASE_KEY, RecipeError, load_recipe_yaml, load_recipe_yaml_with_sources
+from importlib import import_module
+
+_LAZY = {
+    "SFT_DEFAULT_DATASET": "trl_ext.recipes.arguments",
+    "TASK_DEFAULTS": "trl_ext.recipes.arguments",
+    "EIScriptArguments": "trl_ext.recipes.arguments",
+    "GRPOScriptArguments": "trl_ext.recipes.arguments",
+    "SFTScriptArguments": "trl_ext.recipes.arguments",
+    "apply_task_defaults": "trl_ext.recipes.arguments",
+    "load_grpo_datasets": "trl_ext.recipes.data",
+    "load_sft_dataset": "trl_ext.recipes.data",
+    "load_sft_datasets": "trl_ext.recipes.data",
+    "ParsedRecipe": "trl_ext.recipes.entry",
+    "entry_preflight": "trl_ext.recipes.entry",
+    "parse_recipe": "trl_ext.recipes.entry",
+    "preflight_recipe": "trl_ext.recipes.entry",
+    "build_ei_trainer": "trl_ext.recipes.expert_iteration",
+    "parse_ei_args": "trl_ext.recipes.expert_iteration",
+    "run_expert_iteration_recipe": "trl_ext.recipes.expert_iteration",
+    "VLLM_ONLY_GENERATION_KWARGS": "trl_ext.recipes.parsing",
+    "adapt_generation_kwargs": "trl_ext.recipes.parsing",
+    "make_parser": "trl_ext.recipes.parsing",
+    "optimizer_steps_per_rollout": "trl_ext.recipes.parsing",
+    "parse_recipe_args": "trl_ext.recipes.parsing",
+    "resolve_max_steps": "trl_ext.recipes.parsing",
+    "cli_overrides": "trl_ext.recipes.stated",
+    "stated_values": "trl_ext.recipes.stated",
+    "add_rollout_logging": "trl_ext.recipes.training",
+    "build_grpo_trainer": "trl_ext.recipes.training",
+    "build_sft_trainer": "trl_ext.recipes.training",
+    "model_init_kwargs": "trl_ext.recipes.training",
+    "run_grpo_recipe": "trl_ext.recipes.training",
+    "run_sft_recipe": "trl_ext.recipes.training",
+    "train_save_evaluate": "trl_ext.recipes.training",
+    "BASE_KEY": "trl_ext.recipes.yaml_chain",
+    "RecipeError": "trl_ext.recipes.yaml_chain",
+    "load_recipe_yaml": "trl_ext.recipes.yaml_chain",
+    "load_recipe_yaml_with_sources": "trl_ext.recipes.yaml_chain",
+}
 
 __all__ = [
     "BASE_KEY",
@@ -86,3 +97,9 @@ __all__ = [
     "stated_values",
     "train_save_evaluate",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_ext.recipes' has no attribute {name!r}")

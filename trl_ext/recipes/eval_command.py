@@ -8,9 +8,13 @@ from pathlib import Path
 import typer
 
 from trl_ext.evaluation.config import TASK_NAMES, EvalConfig, parse_int_list
-from trl_ext.evaluation.pipeline import evaluate
-from trl_ext.evaluation.summary import format_report
-from trl_ext.recipes.evaluation import RECIPE_FIELDS, eval_config_from_recipe
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """`trl_ext.evaluation.pipeline.evaluate`, the pipeline (and with it torch) imported when a command runs."""
+    from trl_ext.evaluation.pipeline import evaluate as run_pipeline
+
+    return run_pipeline(cfg)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +58,10 @@ def register(app: typer.Typer) -> None:
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:
         """Zero-shot evaluation: accuracy, outcome categories, pass@N and Best@N per token budget."""
+        # The recipe parser and the pipeline load only when the command runs (`trl-ext --help` pays none of them).
+        from trl_ext.evaluation.summary import format_report
+        from trl_ext.recipes.evaluation import RECIPE_FIELDS, eval_config_from_recipe
+
         # Typer ships its own click: compare the parameter source by name.
         given = {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
         try:
