@@ -4,7 +4,7 @@ Light to import: `trl_ext.rewards` and `trl_ext.tasks` do not pull in TRL; the t
 first use of `trl_ext.AblationGRPOConfig` / `trl_ext.AblationGRPOTrainer`.
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -16,7 +16,4 @@ _LAZY = {
 __all__ = ["AblationGRPOConfig", "AblationGRPOTrainer", "__version__"]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -9,7 +9,7 @@ numpy load only when a backend or the verifier runs, and the public names below 
 first use (`trl-ext kissing-check` and `trl-ext --help` import none of them).
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 _LAZY = {
     "BackendError": "trl_ext.discover.backends",
@@ -34,7 +34,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.discover' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -31,7 +31,7 @@ it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an
 `trl_ext.recipes.eval_command` is `trl-ext eval`). The names below load their modules on first use.
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 _LAZY = {
     "BACKENDS": "trl_ext.evaluation.config",
@@ -98,7 +98,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.evaluation' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

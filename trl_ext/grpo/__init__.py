@@ -18,7 +18,7 @@ Modules, one job each (docs/architecture.md has the table and the way through th
 Light to import: TRL loads on first use of the two public names.
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 _LAZY = {
     "AblationGRPOConfig": "trl_ext.grpo.config",
@@ -28,7 +28,4 @@ _LAZY = {
 __all__ = ["AblationGRPOConfig", "AblationGRPOTrainer"]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.grpo' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

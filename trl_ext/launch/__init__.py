@@ -25,7 +25,7 @@ check), `supervision` (processes, signals, health polling), `table` (every shipp
 below load their modules on first use: the Typer command imports the planning only when it runs.
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 _LAZY = {
     **dict.fromkeys(("SERVER_CMD_ENV", "TRAIN_CMD_ENV"), "trl_ext.launch.cli"),
@@ -86,7 +86,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.launch' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

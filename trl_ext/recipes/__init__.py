@@ -20,7 +20,7 @@ below load their modules on first use (`trl-ext eval`, which lives here, registe
 preflight).
 """
 
-from importlib import import_module
+from trl_ext.lazy import lazy_names
 
 _LAZY = {
     "SFT_DEFAULT_DATASET": "trl_ext.recipes.arguments",
@@ -99,7 +99,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trl_ext.recipes' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
