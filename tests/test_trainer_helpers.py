@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import gc
 
 import pytest
@@ -34,21 +35,17 @@ COMMON = dict(
 )
 
 
-_FROZEN = []
-
-
+@functools.cache
 def freeze_imports() -> None:
     """Once per process: collect, then move every object alive now (the imported modules of torch, transformers,
     TRL, vLLM: about 750k) out of the cyclic collector's reach with `gc.freeze()`. transformers and accelerate call
     `gc.collect()` when a training run ends; each such full collection walked all of them (0.4 s on this machine's
     CPU, 20 of them in the learning module alone) and now walks only what the tests created since."""
-    if not _FROZEN:
-        import trl_ext.grpo.trainer  # noqa: F401 (the heavy imports, before the freeze)
+    import trl_ext.grpo.trainer  # noqa: F401 (the heavy imports, before the freeze)
 
-        gc.collect()
-        gc.freeze()
-        atexit.register(gc.unfreeze)  # at exit they are collectable again (else nanobind reports them as leaked)
-        _FROZEN.append(True)
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)  # at exit they are collectable again (else nanobind reports them as leaked)
 
 
 @pytest.fixture(autouse=True)
