@@ -1,16 +1,20 @@
 """`trl-ext study report`: the study's numbers from its run folders, into `runs/<study>/report/` (report.md,
-report.json, curves.png, lengths.png).
+report.json, and the figures of `trl_ext.study.figures`: curves.png, arms.png, lengths.png).
 
 - Per arm and metric: the metric's last validation value of each finished seed; the mean, and a 95% Student-t
   interval over seeds (`scipy.stats.t.interval`; none with one seed).
 - Against the reference arm: paired by seed (the same seed's run of each arm, so the same data order and the same
   held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
   its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
-- Curves: per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
+- Curves (`figures`): per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
   wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
+- Claims (the study file's `claims:`, `trl_ext.study.claims`): each judged shown / refuted / cannot tell from its
+  paired differences, with the seeds a power calculation says a decision would take.
+- Per arm (`arms.png`): one row per arm, the seeds' mean and band of the accuracy metrics by step and by wall clock,
+  of the length metrics and of the entropy by step.
 """
 
 from __future__ import annotations
@@ -18,29 +22,21 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from trl_ext.run_logs import load_run, metric_key, series
+from trl_ext.run_logs import load_run
+from trl_ext.study.claims import CONFIDENCE, judge
+from trl_ext.study.figures import plot, plot_arms
 from trl_ext.study.progress import is_finished
-from trl_ext.study.spec import DEFAULT_METRICS, Study
+from trl_ext.study.spec import Study
 
-CURVES = (("train reward", "reward"), ("validation accuracy", "eval_rewards/*/answer_reward"), ("entropy", "entropy"))
-CONFIDENCE = 0.95
 #: The logged wall-clock seconds of a run's training loop (HF Trainer's last train entry; evaluations inside the loop
 #: included, model loading and saving not).
 WALL_CLOCK = "train_runtime"
-
-
-def curves_of(study: Study) -> tuple[tuple[str, str], ...]:
-    """The panels: `CURVES` for the default metric; otherwise the train reward, each of the study's metrics, and the
-    training entropy."""
-    if tuple(study.metrics) == DEFAULT_METRICS:
-        return CURVES
-    panels = [("train reward", "reward"), *((m, m) for m in study.metrics)]
-    return (*panels, *((("train entropy", "entropy"),) if "entropy" not in study.metrics else ()))
 
 
 def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> dict:
@@ -78,6 +74,20 @@ def final_value(history: list[dict], pattern: str) -> float | None:
     return None
 
 
+def curve_mean(history: list[dict], pattern: str) -> float | None:
+    """The mean of every logged number of the key `final_value` reads (the first key matching `pattern`): over equally
+    spaced validations, the area under the curve per step."""
+    key = next(
+        (k for entry in reversed(history) for k in sorted(entry) if fnmatch.fnmatch(k, pattern)
+         and isinstance(entry[k], int | float) and not isinstance(entry[k], bool) and not math.isnan(entry[k])),
+        None,
+    )  # fmt: skip
+    if key is None:
+        return None
+    values = [float(e[key]) for e in history if isinstance(e.get(key), int | float) and not math.isnan(e[key])]
+    return float(np.mean(values))
+
+
 def completion_lengths(run_dir: Path) -> dict[int, dict[str, list[int]]]:
     """`{step: {"correct": [chars], "incorrect": [chars]}}` from the run's `rollouts.jsonl` (module docstring)."""
     path = run_dir / "rollouts.jsonl"
@@ -109,6 +119,7 @@ def collect(study: Study) -> dict:
             seeds[seed] = {
                 "folder": str(folder),
                 "metrics": {m: final_value(log.history, m) for m in study.metrics},
+                "curve_means": {m: curve_mean(log.history, m) for m in study.metrics},
                 "log": log,
                 "lengths": completion_lengths(folder),
             }
@@ -133,92 +144,65 @@ def collect(study: Study) -> dict:
         walls = {s: final_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
         entry["wall_clock_s"] = {**mean_ci([w for w in walls.values() if w is not None]), "per_seed": walls}
         summary["arms"][name] = entry
+    summary["claims"] = [judge_claim(claim, arms) for claim in study.claims]
     return {"summary": summary, "raw": arms}
 
 
-def _band(runs: list, key_pattern: str, axis: str, points: int = 50):
-    """(x grid, mean, low, high) of a metric over a set of runs on a common x grid (linear interpolation)."""
-    curves = []
-    for log in runs:
-        key = metric_key(log, [key_pattern])
-        if key is None:
-            continue
-        xs, values = series(log, key)
-        pairs = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
-        if pairs:
-            curves.append(pairs)
-    if not curves:
-        return None
-    end = min(max(x for x, _ in c) for c in curves)
-    start = max(min(x for x, _ in c) for c in curves)
-    if end < start:
-        return None
-    grid = np.linspace(start, end, points) if end > start else np.array([start])
-    stacked = np.array([np.interp(grid, [x for x, _ in c], [v for _, v in c]) for c in curves])
-    return grid, stacked.mean(0), stacked.min(0), stacked.max(0)
-
-
-def plot(study: Study, data: dict, folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    raw = data["raw"]
-    paths = []
-    panels = curves_of(study)
-    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
-    for row, (title, key) in enumerate(panels):
-        for col, axis in enumerate(("step", "wall_clock")):
-            ax = axes[row][col]
-            for arm, seeds in raw.items():
-                band = _band([d["log"] for d in seeds.values()], key, axis)
-                if band is None:
-                    continue
-                grid, mean, low, high = band
-                (line,) = ax.plot(grid, mean, label=f"{arm} ({len(seeds)} seeds)")
-                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
-            ax.set_title(f"{title} by {'step' if axis == 'step' else 'wall clock'}")
-            ax.set_xlabel("optimizer step" if axis == "step" else "wall clock (s)")
-            if ax.lines:
-                ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(folder / "curves.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-
-    lengths_png = folder / "lengths.png"
-    lengths_png.unlink(missing_ok=True)  # a figure from an earlier report would outlive the data it drew
-    if not any(per[k] for seeds in raw.values() for d in seeds.values() for per in d["lengths"].values() for k in per):
-        return paths  # no run logged example rollouts (`rollout_log_steps: 0`): nothing to draw
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5), squeeze=False)
-    for col, kind in enumerate(("correct", "incorrect")):
-        ax = axes[0][col]
-        for arm, seeds in raw.items():
-            by_step: dict[int, list[int]] = {}
-            for d in seeds.values():
-                for step, per in d["lengths"].items():
-                    by_step.setdefault(step, []).extend(per[kind])
-            steps = sorted(s for s, v in by_step.items() if v)
-            if steps:
-                ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".", label=arm)
-        ax.set_title(f"mean length of {kind} completions (characters)")
-        ax.set_xlabel("optimizer step")
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(lengths_png)
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
-    return paths
+def judge_claim(claim, arms: dict) -> dict:
+    """A claim's entry of the summary: its fields, the per-seed differences `arm - baseline` and the verdict."""
+    field = "metrics" if claim.value == "last" else "curve_means"
+    arm, base = arms[claim.arm], arms[claim.baseline]
+    diffs = {
+        s: arm[s][field][claim.metric] - base[s][field][claim.metric]
+        for s in sorted(set(arm) & set(base))
+        if arm[s][field][claim.metric] is not None and base[s][field][claim.metric] is not None
+    }
+    return {**asdict(claim), "per_seed": diffs, **judge(claim, list(diffs.values()))}
 
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+_SIGN = {"greater": "> {m}", "less": "< -{m}", "equivalent": "within +-{m}"}
+
+
+def render_claims(claims: list[dict]) -> list[str]:
+    """The claims table: each claim, the paired comparison it rests on, the verdict and what deciding would take."""
+    lines = [
+        "## Claims",
+        "",
+        "Paired by seed: arm minus baseline, mean [95% Student-t interval] (pairs). Shown: the interval lies on the "
+        "claimed side; refuted: on the other; else the seeds a power calculation (noncentral t, power 0.8) says a "
+        "decision would take if the measured mean and spread were the true ones.",
+        "",
+        "| claim | arm - baseline, metric | claimed | difference | verdict | seeds to decide |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in claims:
+        value = "curve mean" if c["value"] == "mean" else "last"
+        claimed = _SIGN[c["direction"]].format(m=_fmt(c["margin"]))
+        if c["low"] is not None:
+            diff = f"{_fmt(c['mean'])} [{_fmt(c['low'])}, {_fmt(c['high'])}] ({c['n']})"
+        else:
+            diff = f"{_fmt(c['mean'])} ({c['n']})"
+        if c["verdict"] == "cannot tell":
+            needed = str(c["seeds_to_decide"]) if c["seeds_to_decide"] is not None else "more than 1000"
+        else:
+            needed = "-"
+        lines.append(
+            f"| {c['claim']} | `{c['arm']}` - `{c['baseline']}`, {c['metric']} ({value}) | {claimed} | {diff} | "
+            f"**{c['verdict']}** | {needed} |"
+        )
+    return [*lines, ""]
+
+
 def render_markdown(
-    study: Study, summary: dict, curves: str = "curves.png", lengths: str | None = "lengths.png"
+    study: Study,
+    summary: dict,
+    curves: str = "curves.png",
+    lengths: str | None = "lengths.png",
+    arms: str | None = None,
 ) -> str:
     lines = [f"# Study {study.name}", ""]
     if study.description:
@@ -229,6 +213,8 @@ def render_markdown(
         "per-problem results).",
         "",
     ]
+    if summary.get("claims"):
+        lines += render_claims(summary["claims"])
     for m in study.metrics:
         lines += [
             f"## {m} (last validation)",
@@ -273,15 +259,18 @@ def render_markdown(
     lines += ["", f"![curves]({curves})", ""]
     if lengths is not None:
         lines += [f"![lengths]({lengths})", ""]
+    if arms is not None:
+        lines += [f"![per arm]({arms})", ""]
     return "\n".join(lines)
 
 
 def write_report(study: Study, out: str | Path | None = None) -> dict:
-    """Writes report.md, report.json, curves.png and lengths.png (when the runs logged example rollouts) under
-    `runs/<study>/report/`; returns the summary.
+    """Writes report.md, report.json, curves.png, arms.png (per arm) and lengths.png (when the runs logged example
+    rollouts) under `runs/<study>/report/`; returns the summary.
 
     With `out` (a path without suffix, e.g. `benchmarks/results/ablations`) also the copies to ship: `<out>.md`,
-    `<out>.json`, `<out>.png` (the curves) and `<out>_lengths.png`, the Markdown pointing at those figures."""
+    `<out>.json`, `<out>.png` (the curves), `<out>_arms.png` and `<out>_lengths.png`, the Markdown pointing at those
+    figures."""
     import shutil
 
     data = collect(study)
@@ -290,7 +279,12 @@ def write_report(study: Study, out: str | Path | None = None) -> dict:
     summary = data["summary"]
     (folder / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     has_lengths = folder / "lengths.png" in plot(study, data, folder)
-    (folder / "report.md").write_text(render_markdown(study, summary, lengths="lengths.png" if has_lengths else None))
+    has_arms = plot_arms(study, data, folder / "arms.png") is not None
+    (folder / "report.md").write_text(
+        render_markdown(
+            study, summary, lengths="lengths.png" if has_lengths else None, arms="arms.png" if has_arms else None
+        )
+    )
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -300,6 +294,10 @@ def write_report(study: Study, out: str | Path | None = None) -> dict:
         if has_lengths:
             lengths = f"{out.name}_lengths.png"
             shutil.copyfile(folder / "lengths.png", out.with_name(lengths))
-        markdown = render_markdown(study, summary, f"{out.name}.png", lengths)
+        arms = None
+        if has_arms:
+            arms = f"{out.name}_arms.png"
+            shutil.copyfile(folder / "arms.png", out.with_name(arms))
+        markdown = render_markdown(study, summary, f"{out.name}.png", lengths, arms)
         out.with_name(out.name + ".md").write_text(markdown)
     return summary

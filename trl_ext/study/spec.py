@@ -7,6 +7,7 @@ metrics to compare. Pure: reads YAML, checks every field, names the file and fie
     seeds: [0, 1, 2]
     reference: r1_zero                            # default: the first arm
     metrics: ["eval_rewards/*/answer_reward"]     # default: the recipe's validation accuracy
+    claims: [...]                                 # published claims judged by the report (trl_ext.study.claims)
     arms:
       r1_zero: {recipe: recipes/gsm8k/r1_zero.yaml}
       lr_3e-5: {recipe: recipes/gsm8k/r1_zero.yaml, args: --learning_rate 3e-5}
@@ -24,13 +25,15 @@ from pathlib import Path
 
 import yaml
 
+from trl_ext.study.claims import Claim, parse_claims
+
 #: The recipes' validation accuracy (the answer reward without the format bonus), as `trl-ext plot` draws it.
 DEFAULT_METRICS = ("eval_rewards/*/answer_reward",)
 RUNS_ROOT = Path("runs")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _KEYS = {
     "name", "description", "script", "accelerate_config", "seeds", "reference", "metrics", "arms", "launch_args",
-    "cores_per_run", "slurm",
+    "cores_per_run", "slurm", "claims",
 }  # fmt: skip
 _ARM_KEYS = {"recipe", "args", "script", "accelerate_config", "launch_args"}
 #: The arguments the study sets on every run itself.
@@ -86,6 +89,7 @@ class Study:
     slurm: dict = field(default_factory=dict)
     description: str = ""
     root: Path = RUNS_ROOT
+    claims: tuple[Claim, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -203,6 +207,10 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
     slurm = data.get("slurm") or {}
     if not isinstance(slurm, dict) or set(slurm) - SLURM_KEYS:
         raise StudyError(f"{path}: slurm is a mapping of {', '.join(sorted(SLURM_KEYS))}; got {slurm!r}")
+    try:
+        claims = parse_claims(data.get("claims"), str(path), [a.name for a in arms], list(metrics))
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
     return Study(
         path=path,
         name=name,
@@ -214,4 +222,5 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
         slurm=dict(slurm),
         description=str(data.get("description", "")),
         root=Path(root),
+        claims=claims,
     )
