@@ -6,8 +6,8 @@ report.json, and the figures of `trl_ext.study.figures`: curves.png, arms.png, l
 - Against the reference arm: paired by seed (the same seed's run of each arm, so the same data order and the same
   held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
   its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
-- Curves (`figures`): per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
-  wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
+- Curves (`figures`): per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step
+  and by wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
