@@ -130,6 +130,43 @@ def test_a_demo_recipe_refuses_what_it_would_ignore(args, message):
         check_demo_recipe(recipe.stated, *recipe.parsed[:2])
 
 
+def test_a_working_recipe_checks_its_budget_and_its_warm_start_folder(tmp_path):
+    """`demo_working` gives the model 192 positions: a budget beyond them is refused before anything is built, and a
+    folder holding the compact warm start (64 positions) is refused with both named."""
+    from trl_ext.recipes import RecipeError
+    from trl_ext.recipes.demo_warm_start import check_demo_recipe, check_warm_start_folder
+    from trl_ext.recipes.entry import parse_recipe
+
+    def parsed(*args):
+        return parse_recipe("countdown", ["--config", str(ROOT / "recipes/countdown/cpu_demo.yaml"), *args], 1)
+
+    recipe = parsed("--max_completion_length", "44")
+    with pytest.raises(RecipeError, match="max_completion_length 44 .* 64 positions .demo_working: true gives 192"):
+        check_demo_recipe(recipe.stated, *recipe.parsed[:2])
+    recipe = parsed("--demo_working", "true", "--max_completion_length", "144")
+    check_demo_recipe(recipe.stated, *recipe.parsed[:2])
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    with pytest.raises(RecipeError, match="64 positions, not the working .* warm start's 192"):
+        check_warm_start_folder(str(tmp_path), recipe.parsed[0])
+    check_warm_start_folder(str(tmp_path), parsed().parsed[0])
+
+
+def test_data_seed_reorders_the_same_problems():
+    """The noise-floor arm of the ablation studies: `data_seed` shuffles the problems (the same set, another order,
+    the same for the same data_seed); without it the demo's order."""
+    from types import SimpleNamespace
+
+    from trl_ext.recipes.demo_warm_start import load_demo_datasets
+
+    args = SimpleNamespace(limit=200, eval_limit=8)
+    plain, held_out = load_demo_datasets(args)
+    shuffled, _ = load_demo_datasets(args, data_seed=1)
+    keys = [list(zip(d["nums"], d["target"], strict=True)) for d in (plain, shuffled)]
+    key = [(tuple(n), t) for n, t in keys[0]]
+    assert sorted(key) == sorted((tuple(n), t) for n, t in keys[1]) and keys[0] != keys[1]
+    assert load_demo_datasets(args, data_seed=1)[0]["prompt"] == shuffled["prompt"] and len(held_out) == 8
+
+
 def test_validation_points():
     from trl_ext.recipes.demo_warm_start import validation_points
 

@@ -6,6 +6,10 @@ import argparse
 from dataclasses import dataclass, field, fields
 
 GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
+#: Positions of the demo's model: a compact prompt (at most 21 characters) and its answer, or with `working` a worked
+#: search too (its warm start writes 36 tokens a response, a long one 70): room for a 144-token budget.
+COMPACT_POSITIONS = 64
+WORKING_POSITIONS = 192
 GPU_COMMAND = (
     "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
     f"recipes/countdown.py --config {GPU_RECIPE}"
@@ -60,6 +64,18 @@ class DemoConfig:
     sft_all_solutions: bool = field(
         default=True,
         metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
+    )
+    working: bool = field(
+        default=False,
+        metadata={
+            "help": "SFT completions write a worked search before the answer (`14*1=14,10-1=9,14-9=5<answer>"
+            "14-(10-1)</answer>`, tasks.countdown_working): 0 to --working_dead_ends dead-end steps, then a "
+            "solution's steps, so a response's length is free apart from its correctness. The model gets "
+            "WORKING_POSITIONS positions (else COMPACT_POSITIONS)."
+        },
+    )
+    working_dead_ends: int = field(
+        default=2, metadata={"help": "With --working: the most dead-end steps an SFT completion writes (uniform)."}
     )
     # GRPO on the unlabelled problems
     grpo_steps: int = field(default=1600, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
@@ -127,6 +143,18 @@ class DemoConfig:
         default=2e-4, metadata={"help": "EI's SFT learning rate (constant; GRPO's peak, --learning_rate)."}
     )
     ei_sft_epochs: int = field(default=1, metadata={"help": "EI's SFT passes over each EI step's kept completions."})
+
+
+def model_positions(cfg: DemoConfig) -> int:
+    """The positions of the demo's model and tokenizer for `cfg`: `WORKING_POSITIONS` with `working`."""
+    return WORKING_POSITIONS if cfg.working else COMPACT_POSITIONS
+
+
+def longest_prompt_tokens(cfg: DemoConfig) -> int:
+    """Tokens (characters) of the longest compact prompt of `cfg`'s problems: `[20, 20, 20] -> 100 :`, 21."""
+    from trl_ext.tasks import compact_prompt
+
+    return len(compact_prompt([cfg.max_number] * 3, cfg.max_target))
 
 
 def parse_args(argv: list[str] | None = None) -> DemoConfig:
@@ -205,6 +233,17 @@ def check(cfg: DemoConfig) -> None:
         raise ValueError(
             f"--ei_questions x --num_generations ({cfg.ei_questions} x {cfg.num_generations}) must be a multiple of "
             f"--grpo_batch_size ({cfg.grpo_batch_size}): EI generates in calls of that many completions, as GRPO does"
+        )
+    if cfg.working_dead_ends < 0:
+        raise ValueError(f"--working_dead_ends must be >= 0, got {cfg.working_dead_ends}")
+    if cfg.working_dead_ends != defaults["working_dead_ends"] and not cfg.working:
+        raise ValueError("--working_dead_ends shapes the worked search the SFT completions write, only with --working")
+    longest_prompt = longest_prompt_tokens(cfg)
+    if longest_prompt + cfg.max_completion_length > model_positions(cfg):
+        raise ValueError(
+            f"--max_completion_length {cfg.max_completion_length} and the longest prompt ({longest_prompt} tokens) "
+            f"exceed the model's {model_positions(cfg)} positions"
+            + ("" if cfg.working else f"; --working gives it {WORKING_POSITIONS}")
         )
     if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
         raise ValueError("--hidden_size must be divisible by --num_heads, and --num_heads by --num_kv_heads")

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from trl_ext.demo.config import GPU_COMMAND, DemoConfig, parse_args
+from trl_ext.demo.config import GPU_COMMAND, DemoConfig, model_positions, parse_args
 from trl_ext.demo.control import finish_arm_process, run_control, start_arm_process
 from trl_ext.demo.data import DEMO_CHARS, make_splits, problem_key, split_labelled
 from trl_ext.demo.heldout import evaluate, response_stats
@@ -260,7 +260,7 @@ def _model(cfg):
     """The character tokenizer, the tiny Qwen3 built from `cfg` (seeded), and its parameter count."""
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
-    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
+    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=model_positions(cfg))
     model = build_tiny_qwen3(
         tokenizer,
         hidden_size=cfg.hidden_size,
@@ -268,7 +268,7 @@ def _model(cfg):
         num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads,
         intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=64,
+        max_position_embeddings=model_positions(cfg),
         seed=cfg.seed,
     )
     return tokenizer, model, sum(p.numel() for p in model.parameters())

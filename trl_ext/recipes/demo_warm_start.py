@@ -1,7 +1,10 @@
 """`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml).
 
 - the model: the demo's SFT warm start, built into `model_name_or_path` on first use (`trl_ext.demo.warm_start`);
-- the training problems: the demo's unlabelled ones (`limit` keeps the first N), compact prompts;
+  with `demo_working: true` the warm start taught to write a worked search before its answer (the demo's
+  `--working`, 192 positions), whose response length is free apart from its correctness;
+- the training problems: the demo's unlabelled ones (`limit` keeps the first N), compact prompts; `data_seed`
+  reorders them (the same sampling seed, another data order);
 - the validation: the demo's held-out problems (`eval_limit`: the first N of the 512) scored by the demo's own
   `heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at temperature 1)
   and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the correct and of
@@ -35,6 +38,15 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
     for name in REPLACED:
         if name in stated:
             raise RecipeError(f"{name} has no effect with demo_warm_start (the demo's problems and model); remove it")
+    from trl_ext.demo.config import WORKING_POSITIONS, longest_prompt_tokens, model_positions
+
+    demo = warm_start_config(script_args)
+    if longest_prompt_tokens(demo) + training_args.max_completion_length > model_positions(demo):
+        raise RecipeError(
+            f"max_completion_length {training_args.max_completion_length} and the longest compact prompt "
+            f"({longest_prompt_tokens(demo)} tokens) exceed the warm start's {model_positions(demo)} positions"
+            + ("" if script_args.demo_working else f" (demo_working: true gives {WORKING_POSITIONS})")
+        )
     if script_args.prompt != "compact" or script_args.chat_template:
         raise RecipeError(
             f"demo_warm_start trains the demo's model, which reads compact prompts without a chat template: "
@@ -63,14 +75,53 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
         )
 
 
-def load_demo_datasets(script_args):
-    """(training dataset of the demo's unlabelled problems, the held-out problems to validate on)."""
+def warm_start_config(script_args):
+    """The `DemoConfig` whose warm start the recipe trains from: the demo's defaults, with `working` when the recipe
+    sets `demo_working`."""
+    from trl_ext.demo.config import DemoConfig
+
+    return DemoConfig(working=bool(script_args.demo_working))
+
+
+def check_warm_start_folder(path: str, script_args) -> None:
+    """The model in `path` is the warm start the recipe asks for: its positions are that warm start's (a folder built
+    for the other one would train the wrong model without a word).
+
+    Raises:
+        RecipeError: naming model_name_or_path and both warm starts.
+    """
+    import json
+    from pathlib import Path
+
+    from trl_ext.demo.config import model_positions
+
+    expected = model_positions(warm_start_config(script_args))
+    found = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    if found != expected:
+        wanted = "working (demo_working: true)" if script_args.demo_working else "compact"
+        raise RecipeError(
+            f"model_name_or_path {path} holds a model with {found} positions, not the {wanted} warm start's "
+            f"{expected}: point model_name_or_path at another folder (each warm start is built into its own)"
+        )
+
+
+def load_demo_datasets(script_args, data_seed: int | None = None):
+    """(training dataset of the demo's unlabelled problems, the held-out problems to validate on).
+
+    `data_seed` (the training arguments' `data_seed`), when set, shuffles the problems before the trainer's sampler
+    draws its seed's order over them: two runs of one seed then see the problems in different orders with the same
+    sampling seed (a noise-floor pair of an ablation study)."""
+    import random
+
     from trl_ext.demo.data import grpo_dataset
     from trl_ext.demo.warm_start import demo_problems
 
     unlabelled, held_out = demo_problems()
     if script_args.limit is not None:
         unlabelled = unlabelled[: script_args.limit]
+    if data_seed is not None:
+        unlabelled = list(unlabelled)
+        random.Random(data_seed).shuffle(unlabelled)
     return grpo_dataset(unlabelled), held_out[: script_args.eval_limit]
 
 

@@ -218,7 +218,7 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
     if script_args.demo_warm_start:  # the demo's problems; its held-out set scored by a callback, not by TRL
         from trl_ext.recipes.demo_warm_start import heldout_callback, load_demo_datasets
 
-        train_dataset, held_out = load_demo_datasets(script_args)
+        train_dataset, held_out = load_demo_datasets(script_args, training_args.data_seed)
         reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)
         validation = heldout_callback(None, held_out, training_args, script_args.final_eval)
         training_args.eval_strategy, training_args.eval_on_start = "no", False
