@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
-GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
+GPU_RECIPE = "recipes/countdown/qwen3_1.7b_grpo_l512.yaml"
 #: Positions of the demo's model: a compact prompt (at most 21 characters) and its answer, or with `working` a worked
 #: search too (its warm start writes 36 tokens a response, a long one 70): room for a 144-token budget.
 COMPACT_POSITIONS = 64
