@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -249,8 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=11, help="alternating timed passes per arm")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     sys.path.insert(0, str(ROOT))

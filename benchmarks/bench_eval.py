@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="model dir (default: the cached SmolLM2, fetched if absent)")
     args = parser.parse_args()
+    print(describe())
 
     import torch
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -130,8 +130,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating passes per arm")
     parser.add_argument("--workers", type=int, default=None, help="pool size (default: from the CPU count)")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     sys.path.insert(0, str(ROOT))
     from trl_ext.rewards.grading_pool import DEFAULT_WORKERS
     from trl_ext.rewards.math import GRADE_TIMEOUT_S

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -195,8 +195,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over the Countdown completions")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N Countdown dev problems")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     if hasattr(os, "sched_setaffinity"):  # one core, as the goal is stated
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     sys.path.insert(0, str(ROOT))

@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = data_dir()
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--zero-groups", default="0,4,6", help="groups (of 8) whose advantages are set to 0")
     args = parser.parse_args()
+    print(describe())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import tempfile

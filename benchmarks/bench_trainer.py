@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 from _fixed_rollouts import PF_COMPLETION, PF_PROMPT_TOKENS, FixedRollouts, id_reward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,6 +385,7 @@ def main() -> None:
     if args.paired_worker:
         paired_worker(args)
         return
+    print(describe())
     if args.padding_free:
         padding_free_main(args)
         return
