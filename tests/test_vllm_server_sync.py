@@ -23,7 +23,7 @@ TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.
 After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
 (measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
-turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
+turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3.
 """
 
 from __future__ import annotations
