@@ -1,4 +1,4 @@
-"""trl_ext.preflight.memory: memory terms an earlier estimate missed. DeepSpeed keeps AdamW's states in fp32,
+"""trl_ext.preflight.memory: memory terms an estimate can miss. DeepSpeed keeps AdamW's states in fp32,
 TRL loads a reference copy when beta != 0, and bf16 autocast caches a bf16 copy of every fp32 weight that requires
 grad until its region exits; each term checked by hand, against the upstream source it rests on, or measured.
 
