@@ -39,7 +39,7 @@ from pathlib import Path
 from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "countdown_vs_tinyzero.json"
 GOAL_RATIO = 1.5
 PREAMBLE = (
@@ -75,7 +75,7 @@ def _problems() -> list[tuple[list[int], int]]:
 
     problems = []
     for split in ("test", "dev"):
-        frame = pq.read_table(SHARED / "countdown" / f"{split}.parquet", columns=["nums", "target"]).to_pandas()
+        frame = pq.read_table(DATA / "countdown" / f"{split}.parquet", columns=["nums", "target"]).to_pandas()
         problems += [([int(n) for n in row.nums], int(row.target)) for row in frame.itertuples()]
     return problems
 

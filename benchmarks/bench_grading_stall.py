@@ -29,7 +29,7 @@ from pathlib import Path
 from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "grading_stall.json"
 BATCH = 512
 BOMB_FRACTION = 0.05
@@ -53,7 +53,7 @@ BOMBS = [
 
 
 def _batch(rng: random.Random) -> tuple[list[str], list[str]]:
-    with open(SHARED / "math" / "math500_test.jsonl") as handle:
+    with open(DATA / "math" / "math500_test.jsonl") as handle:
         answers = [json.loads(line)["answer"] for line in handle]
     completions, golds = [], []
     for _ in range(BATCH):
