@@ -1,11 +1,11 @@
-"""Where the benchmarks read real data: the folder `$TRL_EXT_SHARED_DATA` names, else `tests/data`.
+"""Where the benchmarks read real data: the folder `$TRL_EXT_DATA` names, else `tests/data`.
 
 `tests/data` is the subset that ships with the repository (provenance and licenses in tests/data/README.md); it holds
 everything the benchmarks read: the whole Countdown dev and test sets, the GSM8K test set, MATH500, the MATH train
 rows the SFT recipes validate on, the INTELLECT-MATH traces' head and the Qwen3 tokenizer. To run them on a fuller
 copy (the same layout: `countdown/dev.parquet`, `gsm8k/test.jsonl`, `math/math500_test.jsonl`, ...), name it:
 
-    TRL_EXT_SHARED_DATA=/path/to/data python benchmarks/bench_rewards.py
+    TRL_EXT_DATA=/path/to/data python benchmarks/bench_rewards.py
 
 The tests read the same variable (tests/conftest.py). Each benchmark prints which folder it read (`describe()`).
 """
@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = "TRL_EXT_SHARED_DATA"
+ENV = "TRL_EXT_DATA"
 SHIPPED = ROOT / "tests" / "data"
 
 
 def data_dir() -> Path:
-    """`$TRL_EXT_SHARED_DATA` when set (it must be a folder), else the shipped `tests/data`.
+    """`$TRL_EXT_DATA` when set (it must be a folder), else the shipped `tests/data`.
 
     Raises:
         SystemExit: the variable names something that is not a folder (before any benchmark work starts).

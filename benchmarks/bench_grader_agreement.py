@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "--data",
         type=Path,
         default=None,
-        help="data folder laid out as tests/data (default: $TRL_EXT_SHARED_DATA, else tests/data)",
+        help="data folder laid out as tests/data (default: $TRL_EXT_DATA, else tests/data)",
     )
     args = parser.parse_args(argv)
     course = load_course_grader(args.course_grader)
