@@ -8,6 +8,7 @@ problems with the same sampling and compares them (`trl_ext.evaluation.compare`)
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -215,11 +216,14 @@ def evaluate_pair(cfg: EvalConfig, model_b: str, progress: bool = True) -> dict:
     Raises:
         ValueError: a model name that can be neither a local folder nor a hub id, before anything loads.
     """
-    check_model_name(cfg.model, "MODEL")
-    check_model_name(model_b, "--compare")
+    check_model_name(cfg.model, "model")
+    check_model_name(model_b, "model_b")
     out = Path(cfg.output_dir)
     cfg_a = replace(cfg, output_dir=str(out / "a"))
     report_a = evaluate(cfg_a, progress=progress)
+    # A's model (or vLLM engine, whose engine process ends when the `LLM` object is collected) must be gone before
+    # B's loads: collect any reference cycle still holding it now rather than at some later collection.
+    gc.collect()
     # From A's settings as run: a split of `auto` is resolved by then, so B reads the same one.
     report_b = evaluate(replace(cfg_a, model=model_b, output_dir=str(out / "b")), progress=progress)
     return {"a": report_a, "b": report_b, "comparison": compare_runs(out / "a", out / "b", out)}
