@@ -221,8 +221,8 @@ def evaluate_pair(cfg: EvalConfig, model_b: str, progress: bool = True) -> dict:
     out = Path(cfg.output_dir)
     cfg_a = replace(cfg, output_dir=str(out / "a"))
     report_a = evaluate(cfg_a, progress=progress)
-    # A's model (or vLLM engine, whose engine process ends when the `LLM` object is collected) must be gone before
-    # B's loads: collect any reference cycle still holding it now rather than at some later collection.
+    # A's transformers model must be gone before B's loads: collect any reference cycle still holding it now, not at
+    # some later collection (a vLLM engine shuts itself down when its generation ends).
     gc.collect()
     # From A's settings as run: a split of `auto` is resolved by then, so B reads the same one.
     report_b = evaluate(replace(cfg_a, model=model_b, output_dir=str(out / "b")), progress=progress)
