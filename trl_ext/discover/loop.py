@@ -3,7 +3,7 @@
 Round 1 sends the system message and the task prompt and samples N programs; each runs in the sandbox and goes
 through the exact verifier (`trl_ext.rewards.kissing`). Each round then picks its best attempt (the largest valid
 |C|, else an attempt whose program ran, else any) and adds one exchange to the conversation: that attempt's reply,
-then a user turn in the assignment's words (section 7.4): its success prompt with the score when the attempt is
+then a user turn in NLPDL HW3's words (section 7.4): its success prompt with the score when the attempt is
 valid, else its failure prompt with the verifier's exact message (`Minimum squared distance 36 < maximum squared
 norm 40: ...`). Every later round sends the system message, the task prompt and the conversation so far (all of it,
 or its last `history_window` exchanges), and samples N again: the model sees what it tried and what the verifier
@@ -39,9 +39,10 @@ __all__ = [
 # Ours: the assignment gives no system message. `--system-prompt` / `--system-prompt-file` replace it ("" sends none).
 SYSTEM_PROMPT = "You are an expert in discrete geometry and a careful Python programmer."
 
-# Seed 002's refinement turns (section 7.4) in its own words: after a failed attempt, with the verifier's exact
+# NLPDL HW3's refinement turns (section 7.4) in its own words: after a failed attempt, with the verifier's exact
 # message; after a valid one, with its score. Each ends with `ANSWER_FORMAT`, as the task prompt does (the program is
-# read from a fenced block). Pinned to the text typed from the seed (tests/data/seed_prompts/seed002_kissing_*.txt).
+# read from a fenced block). Pinned to the text typed from the assignment
+# (tests/data/course_prompts/nlpdl_hw3_kissing_*.txt).
 FAILURE_PROMPT = (
     "Your previous attempt failed with this error: `{message}`. This means the condition was violated. Please "
     "analyze your set of vectors and propose a new, corrected set that fixes this error."
@@ -55,7 +56,7 @@ SUCCESS_PROMPT = (
 
 
 def feedback_prompt(attempt: dict) -> str:
-    """The user turn after `attempt`: the seed's success prompt for a valid one, else its failure prompt with the
+    """The user turn after `attempt`: the course's success prompt for a valid one, else its failure prompt with the
     verifier's (or the extraction step's) message."""
     if attempt["validity"] == 1.0:
         text = SUCCESS_PROMPT.format(score=attempt["score"])

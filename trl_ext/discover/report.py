@@ -151,7 +151,7 @@ def _final_result(cfg, best: dict | None) -> list[str]:
             "",
         ]
     d, score = cfg.dimension, best["score"]
-    known = f" Known bounds quoted by the assignment: {bounds[0]} <= tau_{d} <= {bounds[1]}." if bounds else ""
+    known = f" Known bounds quoted by NLPDL HW3: {bounds[0]} <= tau_{d} <= {bounds[1]}." if bounds else ""
     return [
         "## Final Result",
         "",

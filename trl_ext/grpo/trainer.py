@@ -80,7 +80,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
     - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); the inputs dynamic
       sampling and async rollouts cannot use are refused before TRL loads the model; `_install_behaviours` after
       TRL's; `train_batch_size` is checked against `accelerator.num_processes` (the config could only read
-      `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the seed field `train_batch_size` shadows
+      `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the courses' field `train_batch_size` shadows
       HF's property of that name.
     - `_generate_and_score_completions`: one generation batch (TRL's, or with `dynamic_sampling` several of TRL's,
       the varied groups kept), each scored by `_score_generation_batch`; then replaces `output["advantages"]` with
@@ -130,7 +130,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
-        # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
+        # The courses' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
         world, ga = self.accelerator.num_processes, args.gradient_accumulation_steps
