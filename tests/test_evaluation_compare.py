@@ -192,3 +192,26 @@ def test_compare_bad_input_fails_before_any_model_loads(args, error, tmp_path, m
     result = CliRunner().invoke(app, ["eval", "m", *args, "--output-dir", "o"])
     assert result.exit_code != 0 and error in " ".join(result.output.split()), result.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "offline", "error"),
+    [
+        ("Qwen/Qwen3-0.6B", False, None),  # a hub id: left to the hub
+        ("gpt2", False, None),
+        ("Qwen/Qwen3-0.6B", True, "--compare Qwen/Qwen3-0.6B: no such directory (and the hub is offline)"),
+        ("./runs/tuned", False, "--compare ./runs/tuned: no such directory"),  # a path, not a hub id
+        ("runs/gsm8k/tuned", False, "--compare runs/gsm8k/tuned: no such directory"),
+        ("{tmp}", True, None),  # a folder is fine offline
+    ],
+)
+def test_model_names_that_cannot_load_are_refused(name, offline, error, tmp_path, monkeypatch):
+    from trl_ext.evaluation import check_model_name
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    name = name.format(tmp=tmp_path)
+    if error is None:
+        check_model_name(name, "--compare")
+    else:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            check_model_name(name, "--compare")
