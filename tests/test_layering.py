@@ -5,7 +5,7 @@ import is no way around an import loop: the preflight once imported the recipes,
 
 Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `grpo`,
 `evaluation` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`,
-`host`."""
+`host`, `static_cache`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "host", "vllm_cpu", "lazy"),
+    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "host", "vllm_cpu", "lazy", "static_cache"),
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),

@@ -31,6 +31,7 @@ from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
 from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_trainer_inputs
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
+from trl_ext.grpo.rollouts.static_cache_generation import StaticCacheGenerationMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
 from trl_ext.grpo.weight_sync.client import server_weight_sync
 from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
@@ -58,13 +59,17 @@ _LOSS_FIELDS = (
 )
 
 
-class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, GRPOTrainer):
+class AblationGRPOTrainer(
+    DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, StaticCacheGenerationMixin, GRPOTrainer
+):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     The MRO: `AblationGRPOTrainer -> DynamicSamplingMixin -> FinishedCompletionsMixin -> AsyncRolloutsMixin ->
-    GRPOTrainer`. Each TRL method is changed in one class only (tests/test_trl_internals.py checks), so no wrapper
-    order follows from the MRO: the order of the behaviours is written out in `_install_behaviours` and
-    `_generate_and_score_completions`.
+    StaticCacheGenerationMixin -> GRPOTrainer`. Each TRL method is changed in one class only
+    (tests/test_trl_internals.py checks), so no wrapper order follows from the MRO: the order of the behaviours is
+    written out in `_install_behaviours` and `_generate_and_score_completions`. The one exception,
+    `_generate_single_turn`, is changed by two behaviours that never run together (async rollouts need the vLLM
+    server, static-cache generation refuses vLLM): each hands the call to `super()` when it is off.
 
     - this class: `__init__`, `_generate_and_score_completions`, `_get_per_token_logps_and_entropies`,
       `_compute_loss`;
@@ -73,7 +78,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
     - `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin`: `_generate` (the clipped-ratio and terminated-length
       metrics by vLLM's finish reasons or the stop strings);
     - `trl_ext.grpo.rollouts.async_rollouts.AsyncRolloutsMixin`: `train`, `get_batch_samples`, `_prepare_inputs`,
-      `_generate_single_turn` (the next generation batch requested ahead).
+      `_generate_single_turn` (the next generation batch requested ahead);
+    - `trl_ext.grpo.rollouts.static_cache_generation.StaticCacheGenerationMixin`: `_generate_single_turn` (the
+      rollouts sampled over a preallocated KV cache instead of `generate`, with `static_cache_generation`).
 
     This class's overrides:
 
@@ -123,6 +130,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         with server_weight_sync(args):  # server mode without CUDA: a gloo weight sync where TRL's needs NCCL
             super().__init__(model, reward_funcs, args=args, **kwargs)
         self._install_behaviours()
+        self._check_static_cache_model()
         if args.padding_free:
             problem = packing_problem(self.model, is_multimodal=self._is_vlm)
             if problem is not None:
