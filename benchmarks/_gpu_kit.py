@@ -44,7 +44,7 @@ WHEELS = {
     "antlr4-python3-runtime==4.13.2": 144_462,
     "dill==0.4.1": 120_019,
     "multiprocess==0.70.19": 150_281,
-    "bitsandbytes==0.50.2": 43_139_553,  # seed 004's 8-bit AdamW
+    "bitsandbytes==0.50.2": 43_139_553,  # the GSM8K report's 8-bit AdamW
 }
 DOWNLOAD = (
     "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "

@@ -1,5 +1,5 @@
 """Synchronous vs asynchronous GRPO in the CPU server layout, side by side in one run: time per step, each side's idle
-share, and held-out accuracy and training reward after the same number of samples, across seeds (issues 30, 41).
+share, and held-out accuracy and training reward after the same number of samples, across seeds.
 
 The layout: a real `trl vllm-serve` (vLLM's CPU build, gloo weight transfer, `trl_ext.grpo.weight_sync`) pinned
 to core 0, the trainer pinned to core 1, so the two sides are two devices. The task and model are the embedded

@@ -1,7 +1,7 @@
 """How often `trl_ext.rewards.math` agrees with the course's `drgrpo_grader` (CS336 A5), on real answers.
 
 trl_ext's MATH / GSM8K grader is its own (normalisation, exact rationals, then math-verify in a worker pool); the
-seeds say to grade with the course's `r1_zero_reward_fn` / `question_only_reward_fn`. The course's file is not part
+courses say to grade with the course's `r1_zero_reward_fn` / `question_only_reward_fn`. The course's file is not part
 of this project: pass its path, it is imported from there (it needs `sympy`, `pylatexenc`, `latex2sympy2_extended`
 and `math-verify`).
 

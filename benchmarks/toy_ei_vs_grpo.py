@@ -1,4 +1,4 @@
-"""Expert iteration beside GRPO at toy scale on the real vLLM CPU engine, overlaid by validation step (issue 22).
+"""Expert iteration beside GRPO at toy scale on the real vLLM CPU engine, overlaid by validation step.
 
 Both runs go through the recipe entry points (`run_expert_iteration_recipe`, and `run_grpo_recipe("countdown")` as
 recipes/countdown.py runs it) on YAMLs written here, each in its own child process (vLLM pins the threads of the

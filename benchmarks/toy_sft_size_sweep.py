@@ -1,4 +1,4 @@
-"""Seed 001's SFT dataset-size sweep at toy scale, through the real SFT recipe (issue 22): validation accuracy and
+"""NYU Assignment 3's SFT dataset-size sweep at toy scale, through the real SFT recipe: validation accuracy and
 loss curves per dataset size on one figure.
 
 Each size runs `recipes/sft.py --config <toy>.yaml` in its own child process, where the toy YAML's `base:` is the

@@ -1,7 +1,7 @@
-"""Countdown with GRPO / Dr. GRPO and the seeds' ablations (`recipes/countdown/*.yaml`).
+"""Countdown with GRPO / Dr. GRPO and the courses' ablations (`recipes/countdown/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/countdown.py \\
-        --config recipes/countdown/seed000_grpo_l512.yaml [--flag value ...]
+        --config recipes/countdown/qwen3_1.7b_grpo_l512.yaml [--flag value ...]
 
 `--demo [demo flags]` runs the embedded CPU demo instead, `trl_ext.demo.main`: a tiny model that learns Countdown on
 a CPU, offline, in minutes (`make run`). Without `--config` and without `--demo`, the script runs the demo only

@@ -1,4 +1,4 @@
-"""GSM8K with GRPO and the R1-Zero prompt (seed 002; `recipes/gsm8k/*.yaml`).
+"""GSM8K with GRPO and the R1-Zero prompt (NLPDL HW3; `recipes/gsm8k/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/gsm8k.py \\
         --config recipes/gsm8k/r1_zero.yaml [--flag value ...]

@@ -1,4 +1,4 @@
-"""Kissing configurations with GRPO (seed 002, section 7; `recipes/kissing/*.yaml`): the reward runs the policy's
+"""Kissing configurations with GRPO (NLPDL HW3, section 7; `recipes/kissing/*.yaml`): the reward runs the policy's
 programs in the sandbox and scores them with the exact verifier.
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/kissing.py \\

@@ -1,4 +1,5 @@
-"""MATH with GRPO (seeds 001-003, and seed 003's r1_zero vs question_only prompt ablation; `recipes/math/*.yaml`).
+"""MATH with GRPO (NYU Assignment 3, NLPDL HW3 and CS336 A5, and CS336 A5's r1_zero vs question_only prompt ablation;
+`recipes/math/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/math_grpo.py \\
         --config recipes/math/r1_zero.yaml [--flag value ...]

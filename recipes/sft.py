@@ -1,4 +1,4 @@
-"""SFT on MATH reasoning traces with TRL's SFTTrainer (seed 001's dataset-size sweep; `recipes/sft/*.yaml`).
+"""SFT on MATH reasoning traces with TRL's SFTTrainer (NYU Assignment 3's dataset-size sweep; `recipes/sft/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/sft.py \\
         --config recipes/sft/size_512.yaml [--flag value ...]

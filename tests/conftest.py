@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The real-data subset the tests read ships in tests/data (its README gives provenance and licenses).
 TEST_DATA = Path(__file__).resolve().parent / "data"
-# A fuller copy with the same layout (e.g. ../shared/data) may be named here; what it lacks comes from tests/data.
+# A fuller copy with the same layout may be named here; what it lacks comes from tests/data.
 SHARED_DATA = Path(os.environ["TRL_EXT_SHARED_DATA"]) if os.environ.get("TRL_EXT_SHARED_DATA") else None
 
 

@@ -30,7 +30,7 @@ def make(tmp_path, **kwargs) -> AblationGRPOConfig:
         (dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2), 1),
         (dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4), 4),  # 4 steps of 1
         (dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, num_iterations=3), 3),
-        # seed vocabulary: rollout 64, train 16 -> 4 optimizer steps per rollout
+        # the courses' vocabulary: rollout 64, train 16 -> 4 optimizer steps per rollout
         (dict(group_size=8, rollout_batch_size=64, train_batch_size=16, gradient_accumulation_steps=2), 4),
     ],
 )

@@ -122,7 +122,7 @@ def test_discover_against_a_scripted_server_over_http(tmp_path):
     first, second, third = (r["messages"] for r in server.requests)
     assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == kissing_prompt(11)
     assert second[-2] == {"role": "assistant", "content": _block(LONG)}
-    # round 1's best failed: seed 002's failure prompt with the verifier's exact message; round 2's was valid: its
+    # round 1's best failed: NLPDL HW3's failure prompt with the verifier's exact message; round 2's was valid: its
     # success prompt with the score
     assert second[-1] == {
         "role": "user",
@@ -159,7 +159,7 @@ def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
         cfg = DiscoveryConfig(samples=2, rounds=1, output_dir=str(tmp_path), workers=1)
         result = run_discovery(backend, cfg, progress=lambda line: None)
     assert [r["n"] for r in server.requests] == [2, 1]  # the second request asks for the missing reply
-    # plain sampling at the temperature: nothing left for a vLLM server to fill from the checkpoint (issue #23 item 5)
+    # plain sampling at the temperature: nothing left for a vLLM server to fill from the checkpoint
     assert all(r[k] == v for r in server.requests for k, v in NEUTRAL_SAMPLING.items())
     assert result["best_score"] == 220 and result["history"] == [220]
 
@@ -167,7 +167,7 @@ def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
 @pytest.mark.slow
 def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
     """A tiny model whose vocabulary holds the whole D11 program as one added token, which its weights favour (the
-    backend samples the model itself: a checkpoint's generation config does not apply, issue #23 item 5): the local
+    backend samples the model itself: a checkpoint's generation config does not apply): the local
     backend loads it from disk, samples it, the loop scores it 220.
     (In process: the command line is covered by the HTTP test; a second torch import would cost ~10 s.)"""
     import torch

@@ -1,5 +1,4 @@
-"""trl_ext.grpo.rollouts.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item
-4).
+"""trl_ext.grpo.rollouts.finished: a completion that ended at a stop string is finished, not truncated.
 
 TRL 1.16 calls every completion without a final EOS truncated, so with `stop: ["</answer>"]` each answered
 completion counted in `completions/clipped_ratio` and `mask_truncated_completions` dropped it from the loss. The

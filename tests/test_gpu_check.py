@@ -1,11 +1,11 @@
-"""benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command (issue #32 item 8).
+"""benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command.
 
 The default run's plan (`--plan`) totals at most 480 s on one H100, set-up included, with each part's seconds derived
 from model size, tokens and steps (checked here against a hand computation);
 a part that would not fit the budget is skipped with a message and the rest is written; every timed step trains on
 fixed completions through TRL's `rollout_func` (one rollout call and no `generate` call per step), and the default run
 writes the fp32-master vs pure-bf16 and padding-free vs stock pairs. Plus what lets it run on a borrowed GPU at all
-(issue #23 item 16): the JSON written after every part, a failing part recorded while the next one runs, another
+: the JSON written after every part, a failing part recorded while the next one runs, another
 benchmark script as a part, a wheel budget under the 64 MiB transfer. The smoke run's numbers are not GPU numbers.
 """
 
@@ -30,7 +30,7 @@ try:
 finally:
     sys.path.pop(0)
 
-DEFAULT_PARTS = ["precision_fp32_master", "precision_pure_bf16", "padding_free", "seed004"]
+DEFAULT_PARTS = ["precision_fp32_master", "precision_pure_bf16", "padding_free", "gsm8k_24gb"]
 
 
 def _fake_part(monkeypatch, name: str, seconds: float, value: int = 1) -> None:
@@ -126,9 +126,9 @@ def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_p
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["smoke"] is True and report["steps"] == 2 and report["setup"]["seconds"] > 0
     pf = parts["padding_free"]["cases"]["sdpa, per-device batch 2"]
-    runs += [pf["ours_pf"], pf["stock"], parts["seed004"]]
+    runs += [pf["ours_pf"], pf["stock"], parts["gsm8k_24gb"]]
     for run in runs:
-        steps = 1 if run is parts["seed004"] else 2
+        steps = 1 if run is parts["gsm8k_24gb"] else 2
         assert run["step_generate_calls"] == [0] * steps and run["generate_calls"] == 0, run
         assert run["step_rollout_calls"] == [1] * steps and len(run["step_s"]) == len(run["rollout_s"]) == steps
         assert all(r < s for r, s in zip(run["rollout_s"], run["step_s"], strict=True))
@@ -147,12 +147,12 @@ def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_p
     assert report["pairs"]["padding_free / stock: sdpa, per-device batch 2"]["step_time"] == pytest.approx(
         pf["ours_pf"]["median_step_s"] / pf["stock"]["median_step_s"]
     )
-    seed004 = parts["seed004"]
+    gsm8k_24gb = parts["gsm8k_24gb"]
     expected_optim = "adamw_bnb_8bit" if gpu_check._imports("bitsandbytes") else "adamw_torch_fused"
-    assert seed004["optim"] == expected_optim
+    assert gsm8k_24gb["optim"] == expected_optim
     # the estimate is the full-size model's at the recipe's setup: the fused-AdamW fallback does not fit 24 GiB
-    assert seed004["estimate_predicts_oom"] == (seed004["estimate_training_peak_gib"] > 24.0)
-    assert seed004["estimate_phases_gib"].keys() == {"train", "optimizer step", "generation"}  # validation off
+    assert gsm8k_24gb["estimate_predicts_oom"] == (gsm8k_24gb["estimate_training_peak_gib"] > 24.0)
+    assert gsm8k_24gb["estimate_phases_gib"].keys() == {"train", "optimizer step", "generation"}  # validation off
 
 
 def test_each_part_is_written_when_it_ends_and_a_failure_does_not_stop_the_next(tmp_path, monkeypatch):

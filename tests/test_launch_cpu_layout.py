@@ -1,4 +1,4 @@
-"""trl_ext.launch.cpu_layout: `trl-ext launch` in the server layout on a machine without a GPU (issue 29 item 2).
+"""trl_ext.launch.cpu_layout: `trl-ext launch` in the server layout on a machine without a GPU.
 
 The launch itself, with the real engine, runs in tests/test_vllm_server_sync.py (the server command composed here)
 and in docs/launch.md's command; these are the plans, built without starting anything.

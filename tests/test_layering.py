@@ -1,7 +1,7 @@
 """Layers point one way (docs/architecture.md): every module and package directly under `trl_ext` has a layer, and a
 module imports only from layers below its own, at the top of the file or inside a function alike (a function-local
-import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
-#28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
+import is no way around an import loop: the preflight once imported the recipes, which imported it back, and
+`trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
 Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `evaluation`
 -> `grpo` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `run_logs`, `tiny`, `assets`,

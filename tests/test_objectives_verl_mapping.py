@@ -6,7 +6,7 @@ dual clip `clip_ratio_c`, applied to `A < 0` only) and `compute_policy_loss_cisp
 (`loss * 1 / gradient_accumulation`) is `verl/workers/actor/dp_actor.py`'s `update_policy` at the same commit.
 They use plain torch ops written from verl's lines, never the functions under test.
 
-What the tests hold (issue 24's corrections of the mapping):
+What the tests hold (where the mapping is not one to one):
 - verl `seq-mean-token-sum-norm` = B x our `masked_normalize` (verl never divides by the B sequences).
 - verl's dual clip `clip_ratio_c` = our `delta` only when `delta >= 1 + epsilon_high`; verl's `vanilla` always
   applies it (`clip_ratio_c = 3` by default), so it equals our `grpo_clip` with `delta = 3`, not with `delta = None`.

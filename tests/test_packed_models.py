@@ -1,4 +1,4 @@
-"""Which models `padding_free` packs (issue 32 item 4), and the flash-attention varlen arguments it passes (item 6).
+"""Which models `padding_free` packs, and the flash-attention varlen arguments it passes.
 
 Item 4: transformers keeps packed rows apart only where the model passes `position_ids` to its mask builder and no
 `past_key_values` (trl_ext.preflight.packed_models). Every allow-listed model type is built tiny from its config
@@ -121,7 +121,7 @@ def test_preflight_refuses_padding_free_on_falcon_before_it_loads(tmp_path):
     from trl_ext.preflight.plan import RunContext, check_recipe
     from trl_ext.recipes import parse_recipe_args, stated_values
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "seed000_grpo_l512.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "qwen3_1.7b_grpo_l512.yaml"
     tiny("falcon").config.save_pretrained(tmp_path / "falcon")
     context = RunContext(check_packages=False)
     for model_path, flag, refused in ((tmp_path / "falcon", "true", True), (tmp_path / "falcon", "false", False),

@@ -1,4 +1,4 @@
-"""trl_ext.preflight.memory, issue 32 items 1-3: memory the estimate missed. DeepSpeed keeps AdamW's states in fp32,
+"""trl_ext.preflight.memory: memory terms an earlier estimate missed. DeepSpeed keeps AdamW's states in fp32,
 TRL loads a reference copy when beta != 0, and bf16 autocast caches a bf16 copy of every fp32 weight that requires
 grad until its region exits; each term checked by hand, against the upstream source it rests on, or measured.
 
@@ -190,13 +190,13 @@ def test_autocast_cache_in_the_train_and_eval_phases(shape):
 def test_validation_forward_runs_beside_a_sleeping_engine():
     """Item 3's neighbour: TRL 1.16 puts a colocated engine in sleep mode back to sleep right after `llm.generate`
     (`VLLMGeneration.generate`), before the scoring and the validation loss forward, so the eval phase holds the
-    sleeping allowance, not the engine's share. Seed 004's 24 GB recipe: train phase 21.2 GiB is the peak."""
+    sleeping allowance, not the engine's share. The GSM8K report's 24 GB recipe: train phase 21.2 GiB is the peak."""
     from trl.generation.vllm_generation import VLLMGeneration
 
     source = inspect.getsource(VLLMGeneration.generate)
     after = source[source.index("self.llm.generate(") :]
     assert "if self.enable_sleep_mode:\n                self.llm.sleep(level=2)" in after
-    recipe = RECIPES / "gsm8k" / "seed004_24gb.yaml"
+    recipe = RECIPES / "gsm8k" / "qwen2.5_1.5b_instruct_grpo_24gb.yaml"
     estimate = _report(recipe=recipe, gpu_memory_gib=24, memory_limit_gib=24).estimate
     assert estimate.phases["eval"]["sleeping vLLM"] == SLEEPING_VLLM_GIB * GIB
     assert "colocated vLLM" not in estimate.phases["eval"]

@@ -273,7 +273,7 @@ def test_fused_lm_head_choice_that_compact_lm_head_swaps():
 
 
 def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
-    # The seed field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
+    # The courses' field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
     # Trainer._train_batch_size once, and TRL's dataloader reads only `_train_batch_size`. The trainer resets it.
     prop = inspect.getattr_static(transformers.TrainingArguments, "train_batch_size")
     assert isinstance(prop, property), _changed("TrainingArguments.train_batch_size is no longer a property")

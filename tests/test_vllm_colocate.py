@@ -157,7 +157,7 @@ def test_importance_sampling_ratio_uses_the_engine_log_probs(colocate):
 
 
 def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
-    """Issue #23 item 4, against vLLM itself: for completions the real engine generated with stop strings (one-token
+    """Against vLLM itself: for completions the real engine generated with stop strings (one-token
     tags, characters, two-token strings; the stop string's text kept and dropped), `trl_ext.grpo.rollouts.finished`'s
     rule calls a completion finished exactly when vLLM's `finish_reason` is "stop" (stop string or EOS) and truncated
     when it is "length". TRL's rule (last token EOS or pad) called every stop-string completion truncated."""
@@ -176,7 +176,7 @@ def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
 
 
 def test_padding_free_gives_the_same_loss_and_gradients_on_engine_batches(colocate):
-    """Issue 24: on every batch the real engine generated (with TRL's importance-sampling ratio from the engine's
+    """On every batch the real engine generated (with TRL's importance-sampling ratio from the engine's
     log-probs), the loss and its gradients with `padding_free` on equal the padded ones (loss 1e-6, gradients 1e-5
     relative). Catches a packed forward that mixes rows or scores the wrong tokens."""
     for generation in colocate["generations"]:

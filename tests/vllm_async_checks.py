@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (issue 30) with the real CPU engine, against the server of tests/test_vllm_server_sync.py.
+"""Asynchronous rollouts with the real CPU engine, against the server of tests/test_vllm_server_sync.py.
 
 Starting `trl vllm-serve` costs 30-100 s here, so these checks share that module's server: the module's launches
 run tests/scripts/vllm_async.py's runs in their own processes (runs `async` and `async_ddp` of

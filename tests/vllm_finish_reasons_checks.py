@@ -1,4 +1,4 @@
-"""Truncation from vLLM's own word (issue 32 item 5), colocate mode on the real CPU engine.
+"""Truncation from vLLM's own word, colocate mode on the real CPU engine.
 
 Collected by tests/test_vllm_colocate.py, whose one child process (tests/scripts/vllm_colocated_runs.py) runs these
 records' script, tests/scripts/vllm_finish_reasons.py, in turn with the other colocated runs: its own trainer and

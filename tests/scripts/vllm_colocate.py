@@ -40,7 +40,7 @@ def engine_logps(llm, prompt_ids: list[int], completion_ids: list[int]) -> list[
 
 def padding_free_check(trainer, batch) -> dict:
     """`trainer._compute_loss` of `batch` (the engine's completions, with TRL's importance-sampling ratio) and its
-    gradients with `padding_free` off and on (issue 24). `torch.autograd.grad` and restored metrics leave the training
+    gradients with `padding_free` off and on. `torch.autograd.grad` and restored metrics leave the training
     step's gradients and logs as they were."""
     import copy
 

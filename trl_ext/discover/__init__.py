@@ -1,4 +1,4 @@
-"""Verifier-guided discovery (seed 002, section 7): a model writes programs, the sandbox and the verifier score them.
+"""Verifier-guided discovery (NLPDL HW3, section 7): a model writes programs, the sandbox and the verifier score them.
 
 `trl-ext discover` samples programs that define `points` from an OpenAI-compatible endpoint or a local transformers
 model, scores each with `trl_ext.rewards.kissing` (sandbox + exact verifier), keeps the best valid one (Best@N) and

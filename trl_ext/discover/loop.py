@@ -2,7 +2,7 @@
 
 Round 1 sends the task prompt and samples N programs; each runs in the sandbox and goes through the exact verifier
 (`trl_ext.rewards.kissing`). Every later round continues the conversation from the previous round's best attempt
-(the largest valid |C|, else an attempt whose program ran, else any): its reply, then a user turn in seed 002's
+(the largest valid |C|, else an attempt whose program ran, else any): its reply, then a user turn in NLPDL HW3's
 words (section 7.4): its success prompt with the score when that attempt is valid, else its failure prompt with the
 verifier's exact message (`Minimum squared distance 36 < maximum squared norm 40: ...`), and samples N again.
 N > 1 with one round is Best@N; N = 1 with several rounds is pure refinement.
@@ -25,9 +25,10 @@ from trl_ext.tasks.kissing import ANSWER_FORMAT, kissing_prompt
 
 __all__ = ["FAILURE_PROMPT", "SUCCESS_PROMPT", "DiscoveryConfig", "feedback_prompt", "run_discovery"]
 
-# Seed 002's refinement turns (section 7.4) in its own words: after a failed attempt, with the verifier's exact
+# NLPDL HW3's refinement turns (section 7.4) in its own words: after a failed attempt, with the verifier's exact
 # message; after a valid one, with its score. Each ends with `ANSWER_FORMAT`, as the task prompt does (the program is
-# read from a fenced block). Pinned to the text typed from the seed (tests/data/seed_prompts/seed002_kissing_*.txt).
+# read from a fenced block). Pinned to the text typed from the assignment
+# (tests/data/course_prompts/nlpdl_hw3_kissing_*.txt).
 FAILURE_PROMPT = (
     "Your previous attempt failed with this error: `{message}`. This means the condition was violated. Please "
     "analyze your set of vectors and propose a new, corrected set that fixes this error."
@@ -41,7 +42,7 @@ SUCCESS_PROMPT = (
 
 
 def feedback_prompt(attempt: dict) -> str:
-    """The user turn after `attempt`: the seed's success prompt for a valid one, else its failure prompt with the
+    """The user turn after `attempt`: the course's success prompt for a valid one, else its failure prompt with the
     verifier's (or the extraction step's) message."""
     if attempt["validity"] == 1.0:
         text = SUCCESS_PROMPT.format(score=attempt["score"])

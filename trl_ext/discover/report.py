@@ -19,7 +19,7 @@ def write_report(
     from trl_ext.rewards.kissing import KISSING_BOUNDS
 
     bounds = KISSING_BOUNDS.get(cfg.dimension)
-    known = f" Known bounds quoted by the seed: {bounds[0]} <= tau_{cfg.dimension} <= {bounds[1]}." if bounds else ""
+    known = f" Known bounds quoted by NLPDL HW3: {bounds[0]} <= tau_{cfg.dimension} <= {bounds[1]}." if bounds else ""
     strategy = f"Best@{cfg.samples}" + (f", {cfg.rounds} rounds of refinement" if cfg.rounds > 1 else "")
     if best is None:
         result = "No valid configuration was found (score 0); program.py was not written."

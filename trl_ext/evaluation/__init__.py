@@ -1,5 +1,5 @@
 """Zero-shot evaluation: sample n completions per problem, score them with the training rewards, report
-accuracy, the seeds' three outcome categories, pass@N and Best@N, for one or several generation budgets.
+accuracy, the courses' three outcome categories, pass@N and Best@N, for one or several generation budgets.
 
 Pipeline (one function per arrow): task rows (`trl_ext.tasks.load_task`) -> prompt strings (chat template when
 `chat`) -> samples with per-token log-probabilities (vLLM on a GPU or with its CPU build, else
@@ -11,7 +11,7 @@ How the budgets share samples: autoregressive sampling is prefix-consistent (the
 with budget L' > L are distributed exactly as a sample drawn with budget L, same stop rule), so we sample once with
 the largest `max_tokens` and cut each sample to every smaller budget, instead of sampling again.
 
-Stop rule, as the seeds' vLLM `SamplingParams(stop=["</answer>"], include_stop_str_in_output=True)`: a response
+Stop rule, as the courses' vLLM `SamplingParams(stop=["</answer>"], include_stop_str_in_output=True)`: a response
 ends right after the first `</answer>` (kept in the text) or at EOS. The transformers backend passes
 `stop_strings=` to `generate` and, as a token may run past the stop string (`"</answer>."`), also cuts the decoded
 text after the first `</answer>` itself.
@@ -21,7 +21,7 @@ included) of log p(token | prefix) under the model's raw distribution (temperatu
 returns with its default `logprobs_mode="raw_logprobs"`. The transformers backend records it during generation
 from the unprocessed logits, so no second forward pass is needed.
 
-Categories (seed 000): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
+Categories (Assignment 2): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
 Accuracy is the mean answer reward; pass@1 equals it.
 
 Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto` runs,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TASK_NAMES = ("countdown", "gsm8k", "math")
-REWARD_NAMES = ("countdown", "countdown_seed000", "countdown_binary", "r1_zero", "question_only")
+REWARD_NAMES = ("countdown", "countdown_single_equation", "countdown_binary", "r1_zero", "question_only")
 BACKENDS = ("auto", "transformers", "vllm")
 STOP = ("</answer>",)
 
@@ -21,7 +21,7 @@ class EvalConfig:
         data_file: local `.jsonl` / `.parquet` file; None means the task's Hub dataset.
         split: Hub split (or a slice of the local file, `"test[:100]"`).
         prompt: prompt name (`r1_zero`, `question_only`, `countdown`, `intellect`, ...); None: the task's default.
-        chat: wrap the prompt in the tokenizer's chat template (instruct models); the seeds use plain text.
+        chat: wrap the prompt in the tokenizer's chat template (instruct models); the courses use plain text.
         max_tokens: one or several generation budgets (new tokens).
         temperature, top_p: sampling; temperature 0 means greedy.
         n: samples per problem.
@@ -33,8 +33,8 @@ class EvalConfig:
         batch_size: sequences per `generate` call (transformers backend).
         dtype: model dtype (`float32`, `bfloat16`) of the transformers backend and of vLLM's CPU build; for vLLM on a
             GPU, `float32` (the default) means the checkpoint's dtype.
-        reward: `countdown`, `countdown_seed000` (seed 000's verifier), `countdown_binary` (1 / 0), `r1_zero`,
-            `question_only`; None: from the task and prompt.
+        reward: `countdown`, `countdown_single_equation` (Assignment 2's verifier), `countdown_binary` (1 / 0),
+            `r1_zero`, `question_only`; None: from the task and prompt.
         ns: the N values of pass@N / Best@N (those above n are skipped).
         num_examples: examples kept per category in `summary.json`.
         stop: stop strings.

@@ -1,4 +1,4 @@
-"""pass@N and Best@N from n samples per problem (seed 002, section 3.3).
+"""pass@N and Best@N from n samples per problem (NLPDL HW3, section 3.3).
 
 pass@N: the probability that at least one of N samples is correct. With n >= N samples of which c are correct,
 the unbiased estimator (Chen et al. 2021, https://arxiv.org/abs/2107.03374) is the exact expectation over the

@@ -23,7 +23,7 @@ CPU_KV_CACHE_BYTES = 256 * 2**20
 def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     """The `vllm.SamplingParams(**kwargs)` the vLLM backend builds (pure, testable without vLLM).
 
-    As the seeds: stop at `</answer>` with the stop string kept in the output. `logprobs=0` returns the sampled
+    As the courses do: stop at `</answer>` with the stop string kept in the output. `logprobs=0` returns the sampled
     token's log-prob at each position (vLLM's default `raw_logprobs` mode: before temperature / top-p).
     """
     return {

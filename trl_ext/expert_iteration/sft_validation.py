@@ -1,5 +1,5 @@
 """Validation accuracy during SFT: at every evaluation of TRL's `SFTTrainer`, generate answers to held-out problems
-with the current weights and score them with the reward, as seed 001 asks ("validation accuracy curves").
+with the current weights and score them with the reward, as NYU Assignment 3 asks ("validation accuracy curves").
 
 `ValidatingSFTTrainer` is `trl.SFTTrainer` plus three things:
 
@@ -14,7 +14,7 @@ with the current weights and score them with the reward, as seed 001 asks ("vali
 2. `step_time` in each training log entry (mean seconds per optimizer step since the previous log, measured
    between `on_step_begin` and `on_step_end`), as TRL's GRPO logs it, so `trl-ext plot` rebuilds wall-clock time.
 3. `train_loss_drop` in the training metrics (`train_results.json`): `1 - mean(last) / mean(first)` over the first
-   and last tenth of the logged training losses, the number seed 001's tuning target (~40%) is about.
+   and last tenth of the logged training losses, the number NYU Assignment 3's tuning target (~40%) is about.
 
 `trl-ext plot runs/sft/size_*` then draws accuracy and loss curves per dataset size.
 """
@@ -134,9 +134,9 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, accuracy: ValidationAccuracy | None = None, **kwargs):
         training_args = kwargs.get("args")
-        # Accuracy alone (no validation loss set, as seed 001's course runs it): HF's Trainer refuses evaluations
-        # without an eval_dataset at construction, though `evaluate` below needs none; it reads the strategy
-        # again only in the training loop.
+        # Accuracy alone (no validation loss set, as NYU Assignment 3's course runs it): HF's Trainer refuses
+        # evaluations without an eval_dataset at construction, though `evaluate` below needs none; it reads the
+        # strategy again only in the training loop.
         accuracy_only = accuracy is not None and kwargs.get("eval_dataset") is None and training_args is not None
         strategy = training_args.eval_strategy if accuracy_only else None
         if accuracy_only:
@@ -261,8 +261,8 @@ class ValidatingSFTTrainer(SFTTrainer):
 
 def set_vllm_sampling(generation, cfg: EvalConfig) -> None:
     """Give TRL's `VLLMGeneration` the sampling of `cfg` (it reads these attributes at every `generate`): budget,
-    temperature (0: greedy), top-p, the sampled token's log-prob, and the stop strings kept in the text, as the seeds'
-    vLLM call. No per-request seed: the n copies of a prompt would all draw the same sample."""
+    temperature (0: greedy), top-p, the sampled token's log-prob, and the stop strings kept in the text, as the
+    courses' vLLM call. No per-request seed: the n copies of a prompt would all draw the same sample."""
     generation.temperature = cfg.temperature
     generation.top_p = cfg.top_p
     generation.top_k = 0

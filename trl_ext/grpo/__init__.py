@@ -4,7 +4,7 @@ Modules, one job each (docs/architecture.md has the table and the way through th
 
 - `trainer`: `AblationGRPOTrainer`, the wiring of the three hooks (advantages, per-token loss, reduction) into TRL's
   `GRPOTrainer`, and the one place the generation side's behaviours are installed, in an order it states;
-- `config`: `AblationGRPOConfig` (TRL's `GRPOConfig` plus the axes and the seeds' batch vocabulary), resolved by
+- `config`: `AblationGRPOConfig` (TRL's `GRPOConfig` plus the axes and the courses' batch vocabulary), resolved by
   `axes`;
 - the loss side: `rows` (a batch's per-completion entries, the loss mask), `packing` (padding-free rows),
   `fused_head` (the LM head at the completion tokens only); `callbacks`: rollout samples to a JSONL file;

@@ -92,8 +92,8 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
       sampling and async rollouts cannot use are refused before TRL loads the model; DeepSpeed's communication layer
       joined (`trl_ext.grpo.deepspeed_comm`); TRL's `__init__` inside `vllm_generation_class()`;
       `_install_behaviours` after it; `train_batch_size` is checked against `accelerator.num_processes` (the config
-      could only read `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the seed field
-      `train_batch_size` shadows HF's property of that name.
+      could only read `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the courses'
+      field `train_batch_size` shadows HF's property of that name.
     - `_calculate_rewards`: TRL's; keeps the gathered rewards of the generation batch for `_score_generation_batch`
       (TRL computes its own advantages from them inline; this trainer's replace them).
     - `_generate_and_score_completions`: one generation batch (TRL's, or with `dynamic_sampling` several of TRL's,
@@ -148,7 +148,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
-        # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
+        # The courses' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
         world, ga = self.accelerator.num_processes, args.gradient_accumulation_steps

@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         ),
         reward: str | None = typer.Option(
             None,
-            help="countdown, countdown_seed000, countdown_binary, r1_zero, question_only (default: from task/prompt).",
+            help="countdown, countdown_single_equation, countdown_binary, r1_zero, question_only "
+            "(default: from task/prompt).",
         ),
         ns: str = typer.Option("1,4,8,16", help="N values of pass@N / Best@N."),
     ) -> None:

@@ -1,7 +1,7 @@
 """The study file: arms (a recipe YAML plus overrides in the recipe CLI's spelling) x seeds, a reference arm, the
 metrics to compare. Pure: reads YAML, checks every field, names the file and field of a mistake.
 
-    name: seed002_ablations
+    name: gsm8k_qwen3_0.6b_ablations
     script: recipes/gsm8k.py                      # default: recipes/<the first arm's YAML folder>.py
     accelerate_config: accelerate_configs/vllm_server_gpu0_train_gpu1.yaml
     seeds: [0, 1, 2]
