@@ -4,7 +4,7 @@ import is no way around an import loop: the preflight once imported the recipes,
 `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
 Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `evaluation`
--> `grpo` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `run_logs`, `tiny`, `assets`,
+-> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`,
 `host`, `lazy`."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "run_logs", "tiny", "assets", "host", "lazy"),
-    ("preflight", "tasks", "plotting"),
+    ("objectives", "rewards", "tiny", "assets", "host", "lazy"),
+    ("preflight", "tasks", "reporting"),
     ("grpo",),
     ("evaluation",),
     ("expert_iteration",),

@@ -7,7 +7,7 @@ report.json, curves.png, lengths.png).
   held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
   its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
 - Curves: per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
-  wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
+  wall clock (`trl_ext.reporting.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from trl_ext.run_logs import load_run, metric_key, series
+from trl_ext.reporting.run_logs import load_run, metric_key, series
 from trl_ext.study.progress import is_finished
 from trl_ext.study.spec import DEFAULT_METRICS, Study
 
