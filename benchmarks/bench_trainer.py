@@ -42,11 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 from _fixed_rollouts import PF_COMPLETION, PF_PROMPT_TOKENS, FixedRollouts, id_reward
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "trainer.json"
 GOAL = 1.03
 PAIRS_AB = ("stock", "ours")
@@ -102,7 +102,7 @@ def build(impl: str, pair: str, args, output_dir: str, callbacks=None):
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
     torch.set_num_threads(args.threads)
-    tok_dir = SHARED / "qwen3_tokenizer"
+    tok_dir = DATA / "qwen3_tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.exists() else build_char_tokenizer()
     padding_free = args.padding_free  # the padding-free comparison's model, batches and fixed completions
     if padding_free:
@@ -385,6 +385,7 @@ def main() -> None:
     if args.paired_worker:
         paired_worker(args)
         return
+    print(describe())
     if args.padding_free:
         padding_free_main(args)
         return

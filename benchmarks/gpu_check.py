@@ -1,6 +1,6 @@
 """GPU check kit: our trainer against stock TRL on one H100, its key numbers in one command of at most 8 minutes.
 
-For a GPU borrowed for a few minutes (one H100). Everything is built offline and no vLLM is needed. Every timed step
+For a few minutes on one GPU (one H100). Everything is built offline and no vLLM is needed. Every timed step
 trains on fixed completions (benchmarks/_fixed_rollouts.py through TRL's `rollout_func`: no generation; each step's
 record shows one rollout call and no `generate` call), so the ours / stock ratios compare the training step. Models are
 random-init from the configs in `trl_ext.preflight.KNOWN_CONFIGS`, built on the GPU. The default run (`--plan` prints

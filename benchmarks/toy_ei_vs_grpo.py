@@ -22,7 +22,7 @@ per-validation numbers go to a JSON.
 
     python benchmarks/toy_ei_vs_grpo.py            # runs/toy_ei_vs_grpo/{ei,grpo}, benchmarks/results/toy_ei_vs_grpo.*
 
-Times are of a machine shared with other jobs: at this scale they say little.
+Times at this scale say little (the JSON records the load average they were taken at).
 """
 
 from __future__ import annotations

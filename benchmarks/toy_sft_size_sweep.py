@@ -21,7 +21,7 @@ at k x 10% of each size's training), and the per-validation numbers go to a JSON
 
     python benchmarks/toy_sft_size_sweep.py   # runs/toy_sft_size_sweep/n*, benchmarks/results/toy_sft_size_sweep.*
 
-Times are of a machine shared with other jobs: at this scale they say little.
+Times at this scale say little (the JSON records the load average they were taken at).
 """
 
 from __future__ import annotations

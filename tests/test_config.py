@@ -154,7 +154,7 @@ def test_trl_vocabulary_keeps_fields_trl_would_ignore_with_a_warning(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        # Two explicit fields that disagree: both are named. (Before: scale_rewards silently became "none".)
+        # Two explicit fields that disagree: both are named. (Bug caught: scale_rewards silently becoming "none".)
         (dict(scale_rewards="group", use_std_normalization=False), "use_std_normalization=False contradicts "
          "scale_rewards='group'"),
         (dict(advantage_type="rloo", scale_rewards="group"), "scale_rewards='group' contradicts "

@@ -85,7 +85,7 @@ SHIPPED = {"data/intellect_math/test.jsonl": "data/intellect_math/test_subset.js
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_each_zero_shot_command_resolves_to_its_seeds_sampling(command, recorded):
+def test_each_zero_shot_command_resolves_to_its_courses_sampling(command, recorded):
     argv = [
         str(REPO / a) if a.startswith("recipes/") else str(REPO / "tests" / SHIPPED.get(a, a)) if a.startswith("data/")
         else a

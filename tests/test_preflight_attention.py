@@ -3,8 +3,8 @@ run.
 
 NYU Assignment 3 (section 4.1) loads its policy in bf16 with FlashAttention-2; its recipes
 (countdown/qwen2.5_math_1.5b_instruct_*, sft/*, and math/*, the same model) ask for it through `model_init_kwargs`.
-Without `flash_attn` (this machine) or on the CPU, transformers itself refuses to load FlashAttention-2 (checked
-below), so the run loads sdpa instead, says so, and the preflight prints which attention runs.
+Without `flash_attn` (the suite installs none) or on the CPU, transformers itself refuses to load FlashAttention-2
+(checked below), so the run loads sdpa instead, says so, and the preflight prints which attention runs.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_seven_processes_fail_with_fixes_that_pass():
 
 
 def test_a_fixed_ga_gets_a_flag_fix_for_the_world_size():
-    """The old recipes stated GA 128: on 4 processes 256 % (128 x 4) != 0. The fix is a pair of flags that works."""
+    """A recipe that states GA 128: on 4 processes 256 % (128 x 4) != 0. The fix is a pair of flags that works."""
     old = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "gradient_accumulation_steps": 128}
     assert plan_batches(old, 2).per_device_train_batch_size == 1  # 2 processes still divide
     with pytest.raises(PreflightError, match=r"train_batch_size: 256 must be .*=128 x 4 process\(es\) = 512"):

@@ -1,6 +1,6 @@
 """`trl-ext launch` planning with the preflight: every shipped accelerate config x every shipped GRPO recipe plans at
-the GPU counts the config is meant for; the failures the issue found are refused with fixes that then plan; ports
-are picked free."""
+the GPU counts the config is meant for; layouts that cannot work (a batch that does not split, a GPU count the
+config cannot use) are refused with fixes that then plan; ports are picked free."""
 
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ def test_four_gpu_node_is_refused_with_num_processes_fix_that_plans(tmp_path):
 
 
 def test_seven_process_layout_is_refused_with_a_fix_that_plans(tmp_path):
-    """The old 7-process files: refused before any server starts, naming the field; the printed fix then plans."""
+    """A 7-process accelerate config (256 does not split over 7): refused before any server starts, naming the field;
+    the printed fix then plans."""
     seven = tmp_path / "seven.yaml"
     seven.write_text("distributed_type: MULTI_GPU\nnum_processes: 7\ngpu_ids: 1,2,3,4,5,6,7\n")
     out = ["--output_dir", str(tmp_path / "run")]

@@ -179,7 +179,7 @@ def test_the_oracle_reads_as_eval_does():
     [
         # (the equation, the Assignment 2 rule's value, what a bare `eval` gives)
         ("1 +\n2", None, None),  # a line break inside the expression: eval raises SyntaxError
-        ("79 -\n(60 - 17)", None, None),  # the same in the answer for target 36
+        ("79 -\n(60 - 17)", None, None),  # the same in an answer for target 36
         ("(1 +\n2)", None, 3),  # eval joins lines inside parentheses, but a line break is not in the course's list
         ("1\t+ 2", None, 3),  # nor a tab
         ("\t1+2", None, 3),  # eval skips a leading tab; still not a character the course admits

@@ -7,7 +7,7 @@ own log), which pays the imports of torch, transformers and vLLM once. The child
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's own switch, which on the CPU also keeps the model in that process instead
 of a worker): the same engine, model code and sampler as the default layout (checked: the greedy run's responses and
 log-probs are identical with and without it), without vLLM's engine and worker processes, each of which imports vLLM
-again (36 against 27 CPU-s for the greedy run on this machine).
+again (36 against 27 CPU-s for the greedy run on a 2-core CPU).
 The tiny model is float32 and the CPU engine runs it in float32 (`--dtype float32`, the default), so greedy decoding
 must give the same tokens as transformers. The checkpoint's generation_config sets a repetition penalty, top-k,
 top-p and temperature of its own (as Qwen2.5 Instruct checkpoints do): both backends must sample only what the

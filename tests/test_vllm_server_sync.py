@@ -23,7 +23,7 @@ TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.vllm.client.TrlExtV
 After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
 (measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
-turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
+turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def test_server_log_probs_equal_the_trainers_forward_after_every_step(runs, name
 
 def test_grpo_learns_in_server_mode_with_the_importance_ratio_at_one(runs):
     """A 12-step GRPO run in server mode on the digit-share reward (16 completions a step): the mean reward of the
-    last 2 steps exceeds that of the first 2 by 0.25 or more. Measured over 10 runs (6 with this machine's kernels,
+    last 2 steps exceeds that of the first 2 by 0.25 or more. Measured over 10 runs (6 with the CPU's default kernels,
     4 with ATEN_CPU_CAPABILITY=avx2 in the trainer): rises 0.76 to 0.93 (first windows 0.05-0.24, last 0.89-1.0).
     Two windows of 32 completions of a reward in [0, 1] differ with SE <= 0.125 (SD 0.5 each), so the bound is
     4 worst-case SE below the smallest rise (about 19 SE with the measured SDs, ~0.15 at the start, ~0 at the end).

@@ -27,7 +27,8 @@ Accuracy is the mean answer reward; pass@1 equals it.
 Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto` runs,
 and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records), `summary`
 (pass@N / Best@N, categories; the estimators in `passk`), `pipeline` (`evaluate_model` in memory, `evaluate` with
-files). A library: it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
+files, `evaluate_pair` for two models on the same problems), `compare` (the two models' verdicts per problem). A
+library: it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
 `trl_ext.recipes.eval_command` is `trl-ext eval`). The names below load their modules on first use.
 """
 
@@ -39,8 +40,14 @@ _LAZY = {
     "STOP": "trl_ext.evaluation.config",
     "TASK_NAMES": "trl_ext.evaluation.config",
     "EvalConfig": "trl_ext.evaluation.config",
+    "check_model_name": "trl_ext.evaluation.config",
     "parse_int_list": "trl_ext.evaluation.config",
+    "OUTCOMES": "trl_ext.evaluation.compare",
+    "compare_records": "trl_ext.evaluation.compare",
+    "compare_runs": "trl_ext.evaluation.compare",
+    "problem_verdicts": "trl_ext.evaluation.compare",
     "evaluate": "trl_ext.evaluation.pipeline",
+    "evaluate_pair": "trl_ext.evaluation.pipeline",
     "evaluate_model": "trl_ext.evaluation.pipeline",
     "load_problems": "trl_ext.evaluation.pipeline",
     "render_prompts": "trl_ext.evaluation.pipeline",
@@ -69,17 +76,22 @@ __all__ = [
     "BACKENDS",
     "CATEGORIES",
     "EvalConfig",
+    "OUTCOMES",
     "REWARD_NAMES",
     "RewardComponentsFn",
     "STOP",
     "Sample",
     "TASK_NAMES",
     "category",
+    "check_model_name",
+    "compare_records",
+    "compare_runs",
     "cut_sample",
     "cut_samples",
     "eos_token_ids",
     "evaluate",
     "evaluate_model",
+    "evaluate_pair",
     "format_report",
     "generate_transformers",
     "generate_vllm",
@@ -87,6 +99,7 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_problems",
     "parse_int_list",
+    "problem_verdicts",
     "render_prompts",
     "resolve_backend",
     "reward_name_for",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,3 +113,15 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     if not values:
         raise ValueError(f"{name}: no value given")
     return values
+
+
+def check_model_name(name: str, option: str) -> None:
+    """Raise before anything loads when `name` can be neither a local model folder nor a hub id: a path that is not
+    a directory (absolute, `./`, `../`, `~`, or with more than one `/`), or anything but a directory while the hub is
+    offline (`HF_HUB_OFFLINE=1`). `option` names the field or flag in the message."""
+    if Path(name).expanduser().is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"{option} {name}: no such directory (and the hub is offline)")
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise ValueError(f"{option} {name}: no such directory")

@@ -78,7 +78,13 @@ def generate_vllm(cfg: EvalConfig, prompts: list[str], tokenizer) -> list[list[S
     max_model_len = max(len(ids) for ids in prompt_ids) + max(cfg.max_tokens)
     llm = LLM(**vllm_engine_kwargs(cfg, max_model_len, cpu=current_platform.is_cpu()))
     requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    outputs = llm.generate(requests, SamplingParams(**vllm_sampling_kwargs(cfg)))
+    try:
+        outputs = llm.generate(requests, SamplingParams(**vllm_sampling_kwargs(cfg)))
+    finally:
+        # The engine (its process and, on a GPU, the memory it reserved) ends here, not whenever `llm` is collected:
+        # a second engine in this process (`trl-ext eval --compare`) was seen starting beside the first one, still
+        # alive until the interpreter exited.
+        llm.llm_engine.engine_core.shutdown()
     result = []
     for request in outputs:
         samples = []
