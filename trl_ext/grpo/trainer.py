@@ -122,6 +122,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
     _tag_names = ["trl", "grpo", "trl_ext"]
     _scored_rewards: torch.Tensor | None = None  # (N_global, n_funcs): TRL's last `_calculate_rewards`
     _gathered_rewards: torch.Tensor | None = None  # (N_global, n_funcs): the last batch's, its advantages' source
+    _truncation_masked_here = False  # mask_truncated_completions applied here, not by TRL (decided in __init__)
 
     def __init__(self, model, reward_funcs=None, args: AblationGRPOConfig | None = None, **kwargs):
         if args is None:
