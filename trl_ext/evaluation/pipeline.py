@@ -238,6 +238,6 @@ def _write_budget(budget_dir: Path, records: list[dict], summary: dict, title: s
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     (budget_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     if len(summary["pass_at_n"]) > 1:  # a single point (n = 1, greedy) is no curve
-        from trl_ext.plotting import plot_pass_at_n
+        from trl_ext.reporting.plot import plot_pass_at_n
 
         plot_pass_at_n(summary, budget_dir / "pass_at_n.png", title=title)
