@@ -153,6 +153,8 @@ def test_the_trainer_samples_through_the_loop_with_the_configs_settings(char_tok
     "overrides, field",
     [
         (dict(use_vllm=True), "use_vllm"),
+        # async rollouts (the other behaviour on `_generate_single_turn`) need the server: never both at once
+        (dict(use_vllm=True, vllm_mode="server", async_rollouts=True), "use_vllm"),
         (dict(repetition_penalty=1.1), "repetition_penalty"),
         (dict(generation_kwargs={"top_k": 3}), "generation_kwargs"),
         (dict(cache_implementation="static"), "cache_implementation"),
