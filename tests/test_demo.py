@@ -422,7 +422,7 @@ def test_response_entropy_equals_a_plain_per_row_forward():
     draws the same samples with and without `--ei`'s measurements)."""
     import torch
 
-    from trl_ext.demo.heldout import response_entropy, response_stats
+    from trl_ext.testbed.heldout import response_entropy, response_stats
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
     tokenizer = build_char_tokenizer(demo.DEMO_CHARS, model_max_length=64)
