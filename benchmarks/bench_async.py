@@ -129,8 +129,8 @@ def run_arm(args) -> None:
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
     from trl_ext.demo import grpo_dataset, make_splits, split_labelled
-    from trl_ext.demo.heldout import evaluate
     from trl_ext.rewards import CountdownReward
+    from trl_ext.testbed.heldout import evaluate
 
     torch.set_num_threads(1)
     work, cfg = Path(args.work), demo_config(args)

@@ -16,7 +16,7 @@ process that hosts its engine and spawns workers):
   6 on-policy GRPO steps of 32 rollouts (8 questions x 4), one optimizer step each (micro-batch 8 x GA 4),
   lr 1e-2 constant.
 
-Then `trl_ext.plotting.plot_runs` draws both runs on one figure, against validation step and against rebuilt
+Then `trl_ext.reporting.plot.plot_runs` draws both runs on one figure, against validation step and against rebuilt
 wall-clock time (validation answer reward, validation entropy, validation response length), and the
 per-validation numbers go to a JSON.
 
@@ -135,7 +135,7 @@ def run_child(kind: str, config: Path, log: Path) -> float:
 def summarize(run_dir: Path, process_wall_s: float) -> dict:
     """Per validation (step 0 = at the start): answer reward, entropy, mean length; EI's kept counts; the rebuilt
     wall-clock split into validation and training (the times the trainer logged)."""
-    from trl_ext.run_logs import load_run, validation_steps, wall_clock
+    from trl_ext.reporting.run_logs import load_run, validation_steps, wall_clock
 
     history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
     run = load_run(run_dir)
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     from conftest import shared_path
     from vllm_helpers import save_engine_model
 
-    from trl_ext.plotting import plot_runs
+    from trl_ext.reporting.plot import plot_runs
 
     out = Path(args.output_dir).resolve()
     for kind in RUNS:

@@ -15,9 +15,9 @@ size recipe it stands for (recipes/sft/size_128 ... size_1024.yaml) and override
   transformers backend instead of vLLM: the 64 problems, greedy, up to 12 tokens, graded on the last `\\boxed{}`
   (question_only), eval_loss on the same 64 traces.
 
-Then `trl_ext.plotting.plot_runs` draws validation accuracy, training loss and validation loss against the optimizer
-step (one line per size), and the validation panels again against the validation step (the k-th validation is at
-k x 10% of each size's training), and the per-validation numbers go to a JSON.
+Then `trl_ext.reporting.plot.plot_runs` draws validation accuracy, training loss and validation loss against the
+optimizer step (one line per size), and the validation panels again against the validation step (the k-th validation is
+at k x 10% of each size's training), and the per-validation numbers go to a JSON.
 
     python benchmarks/toy_sft_size_sweep.py   # runs/toy_sft_size_sweep/n*, benchmarks/results/toy_sft_size_sweep.*
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := [s for s in sizes if s not in SIZES]:
         parser.error(f"--sizes {unknown}: choose from {sorted(SIZES)}")
 
-    from trl_ext.plotting import plot_runs
+    from trl_ext.reporting.plot import plot_runs
 
     out = Path(args.output_dir).resolve()
     for size in sizes:

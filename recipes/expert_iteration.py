@@ -12,13 +12,6 @@ validation.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
 from trl_ext.recipes.expert_iteration import run_expert_iteration_recipe
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from trl_ext import AblationGRPOConfig
 from trl_ext.grpo.rollouts.async_rollouts import check_trainer_inputs, optimizer_steps_per_generation
-from trl_ext.grpo.rollouts.rollout_worker import RolloutWorker, is_stale, next_payload
+from trl_ext.grpo.vllm.replay import RolloutWorker, is_stale, next_payload
 
 BASE = dict(report_to="none", use_cpu=True, save_strategy="no", use_vllm=True, vllm_mode="server")
 

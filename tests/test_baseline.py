@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from trl_ext.cli import app
 from trl_ext.evaluation.pipeline import load_problems, render_prompts
-from trl_ext.plotting import plot_runs
 from trl_ext.recipes.evaluation import eval_config_from_recipe
+from trl_ext.reporting.plot import plot_runs
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"

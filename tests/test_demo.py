@@ -322,6 +322,22 @@ def test_paired_sign_test_by_hand():
     assert (r["lost"], r["gained"], r["p_value"]) == (0, 3, 0.25)
 
 
+def test_sign_test_p_values_are_the_exact_binomial_tail():
+    """scipy's binomtest against the exact tail by hand, 2 * sum_{k <= min} C(n, k) / 2^n (capped at 1), over every
+    split of up to 512 untied problems (the held-out set's size); and the p-values docs/demo.md prints for its
+    measured splits, to the printed digits."""
+    for n in (1, 2, 7, 40, 137, 512):
+        for gained in range(n + 1):
+            lost = n - gained
+            exact = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(lost, gained) + 1)) / 2**n)
+            p = demo.paired_sign_test([0] * gained + [1] * lost, [1] * gained + [0] * lost)["p_value"]
+            assert p == pytest.approx(exact, rel=1e-12), (gained, lost)
+    printed = {(80, 34): "2e-05", (89, 31): "1.1e-07", (104, 33): "9.3e-10", (82, 45): "0.0013"}
+    for (gained, lost), text in printed.items():
+        p = demo.paired_sign_test([0] * gained + [1] * lost, [1] * gained + [0] * lost)["p_value"]
+        assert f"{p:.2g}" == text
+
+
 def test_compare_and_table_put_each_arm_in_its_place():
     """Catches a swapped subtraction or a table row printing another arm's numbers."""
     control = {"greedy_accuracy": 0.25, "greedy_correct": [1, 0, 0, 0], "sampled_accuracy": 0.125}
@@ -430,7 +446,7 @@ def test_response_entropy_equals_a_plain_per_row_forward():
     draws the same samples with and without `--ei`'s measurements)."""
     import torch
 
-    from trl_ext.demo.heldout import response_entropy, response_stats
+    from trl_ext.testbed.heldout import response_entropy, response_stats
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
     tokenizer = build_char_tokenizer(demo.DEMO_CHARS, model_max_length=64)

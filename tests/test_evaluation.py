@@ -153,7 +153,7 @@ def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cfg = EvalConfig(model="m", seed=5)
     expected = {"model": "m", "seed": 5, "dtype": "float32", "enforce_eager": True, "max_model_len": 300}
-    expected["use_fp64_gumbel"] = True  # the sampler fix (trl_ext.vllm_cpu; tests/test_vllm_sampler.py)
+    expected["use_fp64_gumbel"] = True  # the sampler fix (trl_ext.grpo.vllm.cpu_sampler; tests/test_vllm_sampler.py)
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == {**expected, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == expected

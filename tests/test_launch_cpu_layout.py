@@ -21,7 +21,7 @@ from trl_ext.preflight.context import LAUNCH_SERVER_ENV
 REPO = Path(__file__).resolve().parents[1]
 TRANSFER = ["--weight-transfer-config", json.dumps({"backend": BACKEND})]
 KV = ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
-SAMPLER = ["--use-fp64-gumbel"]  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
+SAMPLER = ["--use-fp64-gumbel"]  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.grpo.vllm.cpu_sampler)
 
 
 @pytest.mark.parametrize(

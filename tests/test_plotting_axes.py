@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.plotting import PANELS, grpo_steps, load_run, plot_runs, validation_steps
+from trl_ext.reporting.plot import PANELS, grpo_steps, load_run, plot_runs, validation_steps
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from trl_ext.plotting import DEFAULT_SMOOTHING, plot_runs, smooth_ema
+from trl_ext.reporting.plot import DEFAULT_SMOOTHING, plot_runs, smooth_ema
 
 
 def test_smooth_ema_by_hand():

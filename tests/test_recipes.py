@@ -458,11 +458,21 @@ def test_help_lists_every_field_with_its_help():
 
 
 def test_math_script_help_runs_in_a_subprocess():
-    """recipes/math.py must not shadow the standard `math` module when run as a script."""
+    """`python recipes/math_grpo.py` runs with recipes/ first on sys.path and no entry point edits it: no file there
+    may be what `import math` (or any module the run imports) finds. Every recipe folder has its entry point beside
+    it (`trl_ext.recipes.RECIPE_SCRIPTS`), and the launcher reads the GRPO task back from it."""
+    from trl_ext.launch.checks import recipe_script_task
+    from trl_ext.recipes import TASK_DEFAULTS, recipe_script
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(RECIPES / "math.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, str(RECIPES / "math_grpo.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
     )
+    for folder in ("countdown", "gsm8k", "math", "kissing", "sft", "expert_iteration"):
+        script = RECIPES / recipe_script(folder)
+        assert script.is_file() and "sys.path" not in script.read_text(), script
+        assert recipe_script_task(script) == (folder if folder in TASK_DEFAULTS else None)
+    assert not (RECIPES / "math.py").exists()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--pg_loss_type" in proc.stdout and "--n_grpo_steps" in proc.stdout
 

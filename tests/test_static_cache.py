@@ -153,6 +153,8 @@ def test_the_trainer_samples_through_the_loop_with_the_configs_settings(char_tok
     "overrides, field",
     [
         (dict(use_vllm=True), "use_vllm"),
+        # async rollouts (the other behaviour on `_generate_single_turn`) need the server: never both at once
+        (dict(use_vllm=True, vllm_mode="server", async_rollouts=True), "use_vllm"),
         (dict(repetition_penalty=1.1), "repetition_penalty"),
         (dict(generation_kwargs={"top_k": 3}), "generation_kwargs"),
         (dict(cache_implementation="static"), "cache_implementation"),
@@ -172,3 +174,21 @@ def test_a_model_the_loop_cannot_run_is_refused_before_training(char_tokenizer, 
     config = GPT2Config(vocab_size=len(char_tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
     with pytest.raises(ValueError, match="static_cache_generation=True cannot be used here: model type 'gpt2'"):
         make_trainer(char_tokenizer, tmp_path, model=GPT2LMHeadModel(config), static_cache_generation=True)
+
+
+def test_the_evaluation_backend_through_the_loop_matches_generate_when_greedy(char_tokenizer, ending_model):
+    """`generate_transformers(static_cache=True)` (the testbed's held-out scoring): greedy samples and their raw
+    log-probs equal `generate`'s, cut at EOS; sampled ones have n rows per prompt within the budget."""
+    from trl_ext.evaluation.transformers_backend import generate_transformers
+
+    tok, eos = char_tokenizer, char_tokenizer.eos_token_id
+    common = dict(max_new_tokens=12, stop=(), progress=False, batch_size=4)
+    fast = generate_transformers(ending_model, tok, PROMPTS, n=1, temperature=0, static_cache=True, **common)
+    slow = generate_transformers(ending_model, tok, PROMPTS, n=1, temperature=0, **common)
+    for (a,), (b,) in zip(fast, slow, strict=True):
+        end = b.token_ids.index(eos) + 1 if eos in b.token_ids else len(b.token_ids)
+        assert a.token_ids == b.token_ids[:end]
+        assert a.logprobs == pytest.approx(b.logprobs[:end], abs=1e-5)
+    sampled = generate_transformers(ending_model, tok, PROMPTS[:3], n=5, static_cache=True, **common)
+    assert [len(row) for row in sampled] == [5, 5, 5]
+    assert all(1 <= len(s.token_ids) <= 12 for row in sampled for s in row)

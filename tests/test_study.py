@@ -105,25 +105,11 @@ def launch_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def demo_warm_start_stand_ins() -> None:
-    """Stand-ins for the demo's two SFT warm starts, in the folders the CPU recipes name: the demo's model at its
-    seed-0 init (its positions: 64 compact, 192 working), no SFT."""
-    from trl_ext.demo.config import DemoConfig
-    from trl_ext.demo.run import _model
-
-    for folder, working in (("countdown_sft", False), ("countdown_sft_working", True)):
-        tokenizer, model, _ = _model(DemoConfig(working=working))
-        model.save_pretrained(f"runs/demo_models/{folder}")
-        tokenizer.save_pretrained(f"runs/demo_models/{folder}")
-
-
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_every_shipped_study_parses_and_every_arm_plans(path, launch_folder):
     """Each arm's first seed through the launcher's plan and preflight, on an 8-GPU node for the GPU studies."""
     study = load_study(path)
     cpu = "cpu" in path.stem
-    if any(a.recipe.name.startswith("cpu_") for a in study.arms):
-        demo_warm_start_stand_ins()
     first = [r for r in study.runs() if r.seed == study.seeds[0]]
     plans, where = plan_study(study, gpus=None if cpu else 8, runs=first, check_packages=False)
     assert [p.run.arm.name for p in plans] == [a.name for a in study.arms]

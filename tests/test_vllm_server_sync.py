@@ -6,7 +6,7 @@ One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo we
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
 cpu_server_args`), in vLLM's uniprocess executor (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no worker process busy-polling
 a queue after every request, see `_start_server`). Against it, in child processes (tests/scripts/vllm_server_sync.py;
-TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
+TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.vllm.client.TrlExtVLLMClient`):
 
 1. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`: first DDP over
    gloo, 3 optimizer steps (and the async DDP runs), the launch's DeepSpeed set aside while these build their
@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from vllm_async_checks import (  # noqa: F401 -- the async rollouts' checks, collected here to share this module's server
+    _async,
     read_async,
     test_async_importance_ratio_is_against_the_samplers_log_probs,
     test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo,
@@ -80,7 +81,7 @@ def _start_server(root: Path, model: str, marker: str):
     args, _ = cpu_server_args(SERVER_ARGS.split(), None, "float32")
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
     # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
-    # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
+    # (`--use-fp64-gumbel`, trl_ext.grpo.vllm.cpu_sampler; tests/test_vllm_sampler.py).
     # The engine's worker in the engine's own process (vLLM's uniprocess executor): on the CPU build, vLLM's default
     # there (a worker process fed through a shared-memory queue) busy-polls that queue for 1 s after every request,
     # which cost more CPU than the rest of the server (93 s of 137 s in one measured run of this module).
@@ -329,7 +330,7 @@ def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs
     it is left (the stall runs are forked children of the script's process, their subreaper: anything a run left
     running is reparented there and reported). The watchdog ends it with exit code 3; the gloo sync may instead fail
     on its own bounded wait (exit 1, `ServerSyncError` with the same facts)."""
-    from trl_ext.grpo.weight_sync.watchdog import STALL_EXIT_CODE
+    from trl_ext.grpo.vllm.watchdog import STALL_EXIT_CODE
 
     record = runs["stall"][run]
     assert "stopped" in record, record["output"][-4000:]
@@ -404,7 +405,7 @@ def test_sft_validation_pushes_the_weights_to_the_server_over_gloo_exactly(runs)
 def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
     """The ZeRO-3 runs trained in a `DeepSpeedEngine` at stage 3, and a model loaded after the trainer was
     built (transformers' `zero.Init` under the active config) came out sharded over the 2 processes: DeepSpeed's
-    communication layer counts both (`trl_ext.grpo.config.join_deepspeed_comm`; before it, that load stopped on
+    communication layer counts both (`trl_ext.grpo.deepspeed_comm.join_deepspeed_comm`; before it, that load stopped on
     DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`), and started without building DeepSpeed's
     shared-memory all-reduce, which training does not use (its JIT build took 1.5 to 3 minutes of this module)."""
     skip_without_deepspeed(runs, "zero3_full")
@@ -416,6 +417,39 @@ def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
         assert facts["shard_numel"] == -(-facts["full_numel"] // 2), facts  # half of the tensor, rounded up
         # DeepSpeed's communication layer started without compiling its shared-memory all-reduce (minutes of g++)
         assert facts["shm_comm_op_built"] is False, facts
+
+
+def test_no_method_is_replaced_on_a_library_object_in_server_mode(runs):
+    """Every run's trainer (GRPO on one and two processes, under ZeRO-3, with PEFT, padding-free, async rollouts on one
+    and two processes with dynamic sampling, expert iteration, SFT validation), after training or, for the runs this
+    module's script instruments itself, as built: no instance attribute of the trainer, its vLLM generation, its
+    client or DeepSpeed's communication backend shadows a method of its class. Every behaviour of trl_ext there is an
+    override in a subclass (`TrlExtVLLMGeneration`, `TrlExtVLLMClient`); catches a wrapper assigned onto a live
+    object, as `client._post = ...` once was."""
+    checked = {name: record["shadowed"] for name, record in runs["runs"].items() if "shadowed" in record}
+    result = _async(runs)
+    for name, record in result.items():
+        if name != "ddp" and isinstance(record, dict) and "shadowed" in record:
+            checked[f"async/{name}"] = record["shadowed"]
+    for rank, ranks_runs in enumerate(result["ddp"]):
+        checked.update({f"async_ddp/{name}/rank{rank}": record["shadowed"] for name, record in ranks_runs.items()})
+    expected = {
+        "ddp",
+        "padding_free",
+        "peft",
+        "resume_full",
+        "ei",
+        "sft",
+        "async/midbatch",
+        "async_ddp/ddp_staleness1/rank1",
+    }
+    if deepspeed_required():
+        expected |= {"zero3_full", "zero3_peft"}
+    assert expected <= set(checked), sorted(checked)
+    assert all("vllm_client" in checked[name] for name in ("padding_free", "ei", "sft", "async/midbatch")), checked
+    if deepspeed_required():
+        assert "deepspeed_comm" in checked["zero3_full"], checked["zero3_full"]
+    assert {name: found for name, found in checked.items() if any(found.values())} == {}
 
 
 def skip_without_deepspeed(runs: dict, name: str) -> None:

@@ -78,7 +78,7 @@ def test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_samp
     assert ahead["metrics"]["async/prefetched"] == [0.0, 1.0, 1.0, 1.0]
     assert ahead["metrics"]["async/staleness"] == [0.0, 1.0, 1.0, 1.0]
     for batch in ahead["batches"]:
-        # vLLM's finish reasons reach trl_ext.grpo.rollouts.finish_reasons for a replayed answer as for a direct one
+        # vLLM's finish reasons reach trl_ext.grpo.vllm.finish_reasons for a replayed answer as for a direct one
         assert batch["finish_reasons"] is not None and len(batch["finish_reasons"]) == len(batch["rows"])
         expected = max(batch["step"] - 1, 0)
         assert {row["version"] for row in batch["rows"]} == {expected}, batch["step"]

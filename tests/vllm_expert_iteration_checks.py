@@ -106,8 +106,9 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
 
 
 def test_the_colocated_cpu_engine_of_expert_iteration_samples_with_the_sampler_fix(ei):
-    """The engine TRL built for the EI trainer samples with `trl_ext.vllm_cpu`'s fix (`use_fp64_gumbel`, read back
-    from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on AVX2."""
+    """The engine TRL built for the EI trainer samples with `trl_ext.grpo.vllm.cpu_sampler`'s fix (`use_fp64_gumbel`,
+    read back from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on
+    AVX2."""
     assert ei["sampler_fixed"] is True
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 #: Model types whose decoder blocks this loop runs (module names and math of transformers' Llama family).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 # Finished rows leave the batch (their cache rows copied out) once the live rows are at most this share of it.
-COMPACT_AT = 1.0
+COMPACT_AT = 0.65
 
 
 @dataclass
@@ -50,10 +50,19 @@ def static_cache_problem(model) -> str | None:
         return f"model type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
         return "the model uses sliding-window attention"
+    if getattr(config, "mlp_bias", False):
+        return "the model's MLP has biases"
     base = getattr(model, "model", None)
     if base is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
         return f"{type(model).__name__} has no `.model.layers` / `.model.rotary_emb` (a decoder wrapped by PEFT?)"
     return None
+
+
+def _rms_norm(norm, x):
+    """`norm` (an RMSNorm module of the model: `weight`, `variance_epsilon`) as one fused op."""
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def _rotate_half(x):
@@ -65,7 +74,9 @@ def _rotate_half(x):
 
 class _Decoder:
     """The model's decoder blocks run on a preallocated cache; `forward` writes keys / values at `start` and returns
-    the last position's logits."""
+    the last position's logits. The query / key / value projections run as one matrix product, as do the MLP's gate
+    and up projections (their weights concatenated once per call: the same dot products, fewer and larger
+    products)."""
 
     def __init__(self, model, rows: int, length: int):
         import torch
@@ -75,7 +86,18 @@ class _Decoder:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.qkv, self.gate_up = [], []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+            bias = None if attn.q_proj.bias is None else torch.cat([p.bias for p in projections])
+            self.qkv.append((torch.cat([p.weight for p in projections]), bias))
+            self.gate_up.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         param = next(model.parameters())
+        # cos / sin of every position once (the same products as per step: each angle is one multiplication).
+        every = torch.arange(int(config.max_position_embeddings), device=param.device)[None]  # (1, positions)
+        cos, sin = base.rotary_emb(torch.zeros((), dtype=param.dtype, device=param.device), every)
+        self.cos, self.sin = cos[0], sin[0]  # (positions, hd)
         shape = (rows, self.kv_heads, length, self.head_dim)  # per layer; rows first, so dropping rows copies blocks
         self.keys = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in base.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
@@ -93,38 +115,38 @@ class _Decoder:
 
         b, s = input_ids.shape
         end = start + s
+        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
         h = self.base.embed_tokens(input_ids)  # (b, S, H)
-        cos, sin = self.base.rotary_emb(h, positions)  # (b, S, hd)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        groups = self.heads // self.kv_heads
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (b, 1, S, hd)
+        groups = nh // nkv
         if s == 1:  # one query per row: the heads of a key/value group attend as that group's queries
             bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
         for i, layer in enumerate(self.base.layers):
-            attn = layer.self_attn
-            residual, h = h, layer.input_layernorm(h)
-            q = attn.q_proj(h).view(b, s, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(b, s, self.kv_heads, self.head_dim)
+            attn, mlp = layer.self_attn, layer.mlp
+            residual, h = h, _rms_norm(layer.input_layernorm, h)
+            q, k, v = F.linear(h, *self.qkv[i]).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q, k, v = q.view(b, s, nh, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before the rotation
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (b, nh, S, hd), (b, nkv, S, hd)
-            v = attn.v_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
+            qk = torch.cat([q, k], dim=2).transpose(1, 2)  # (b, nh + nkv, S, hd): one rotation for both
+            q, k = (qk * cos + _rotate_half(qk) * sin).split([nh, nkv], dim=1)
+            v = v.transpose(1, 2)
             self.keys[i][:, :, start:end] = k
             self.values[i][:, :, start:end] = v
             keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]  # (b, nkv, end, hd)
             if s == 1:
-                q = q.reshape(b, self.kv_heads, groups, self.head_dim)  # head j -> group j // groups
+                q = q.reshape(b, nkv, groups, hd)  # head j -> group j // groups
                 scores = torch.matmul(q, keys.transpose(-1, -2)) * attn.scaling + bias  # (b, nkv, g, end)
-                out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(b, self.heads, 1, self.head_dim)
+                out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(b, nh, 1, hd)
             else:
                 if groups > 1:  # as transformers' sdpa path does when a mask is given
                     keys = keys.repeat_interleave(groups, dim=1)
                     values = values.repeat_interleave(groups, dim=1)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
             h = residual + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.model.lm_head(self.base.norm(h[:, -1])).float()  # (b, V)
+            gate, up = F.linear(_rms_norm(layer.post_attention_layernorm, h), self.gate_up[i]).chunk(2, dim=-1)
+            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+        return self.model.lm_head(_rms_norm(self.base.norm, h[:, -1])).float()  # (b, V)
 
     def keep(self, rows):
         """Drop every cache row but `rows` (a `(b',)` index)."""

@@ -112,7 +112,7 @@ def load_plain(path: str):
 def zero3_facts(trainer, path: str) -> dict:
     """Under ZeRO-3: the stage the trainer's accelerator runs, and whether a model loaded after the trainer was built
     came out sharded by `zero.Init` over both processes (DeepSpeed's batch assertion stops that load when its
-    communication layer counts one process: `trl_ext.grpo.config.join_deepspeed_comm`)."""
+    communication layer counts one process: `trl_ext.grpo.deepspeed_comm.join_deepspeed_comm`)."""
     import torch
     from deepspeed import comm
     from transformers import AutoModelForCausalLM
@@ -310,6 +310,7 @@ def wait_until_down(port: int, limit: float = 120.0) -> None:
 
 
 def train(run: str, args, out_dir: Path) -> dict:
+    from helpers import shadowed_methods
     from transformers import TrainerCallback
 
     record: dict = {"run": run, "checks": [], "validation_checks": []}
@@ -348,6 +349,9 @@ def train(run: str, args, out_dir: Path) -> dict:
         record["engine"] = zero3_facts(trainer, args.model)
     tokenizer = trainer.processing_class
     state["prompts"] = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in FIXED_PROMPTS]
+    instrumented = args.no_sync or run in SEEDED or run.startswith("stall")  # this script's own wrappers below
+    if instrumented:
+        record["shadowed"] = shadowed_methods(trainer)  # as built, before them
     if args.no_sync and trainer.vllm_generation is not None:
         trainer.vllm_generation.sync_weights = lambda: None
     if run in SEEDED or run.startswith("stall"):
@@ -369,6 +373,8 @@ def train(run: str, args, out_dir: Path) -> dict:
         client = getattr(trainer.vllm_generation, "vllm_client", None)
         if client is not None:
             client.close_communicator()
+    if not instrumented:
+        record["shadowed"] = shadowed_methods(trainer)  # after training (and validating)
     record["wrapped"] = type(trainer.model_wrapped).__name__
     record["log_history"] = trainer.state.log_history
     record["global_step"] = trainer.state.global_step
@@ -517,7 +523,7 @@ def preload() -> None:
     from datasets import Dataset  # noqa: F401
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer  # noqa: F401
-    from trl_ext.grpo.weight_sync.client import GlooVLLMClient  # noqa: F401
+    from trl_ext.grpo.vllm.generation import TrlExtVLLMGeneration  # noqa: F401
 
 
 def main() -> None:

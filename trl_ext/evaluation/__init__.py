@@ -24,11 +24,11 @@ from the unprocessed logits, so no second forward pass is needed.
 Categories (Assignment 2): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
 Accuracy is the mean answer reward; pass@1 equals it.
 
-Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto`
-runs, and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records),
-`summary` (pass@N / Best@N, categories), `pipeline` (`evaluate_model` in memory, `evaluate` with files,
-`evaluate_pair` for two models on the same problems), `compare` (the two models' verdicts per problem). A library:
-it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
+Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto` runs,
+and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records), `summary`
+(pass@N / Best@N, categories; the estimators in `passk`), `pipeline` (`evaluate_model` in memory, `evaluate` with
+files, `evaluate_pair` for two models on the same problems), `compare` (the two models' verdicts per problem). A
+library: it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
 `trl_ext.recipes.eval_command` is `trl-ext eval`). The names below load their modules on first use.
 """
 

@@ -83,6 +83,7 @@ def evaluate_model(
     ns: tuple[int, ...] = (1, 4, 8, 16),
     num_examples: int = 3,
     progress: bool = False,
+    static_cache: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Samples, scores and summarises `n` completions per prompt with a loaded model; writes nothing.
 
@@ -103,6 +104,7 @@ def evaluate_model(
         ns: the N of pass@N / Best@N (N > n skipped).
         num_examples: examples kept per category.
         progress: show the tqdm bar.
+        static_cache: sample through `trl_ext.static_cache` instead of `generate` (`generate_transformers`).
 
     Returns:
         `(summary, records)`: the `summarize` dict, and one record per sample (problem-major, `n` per problem)
@@ -120,6 +122,7 @@ def evaluate_model(
         batch_size=batch_size,
         stop=stop,
         progress=progress,
+        static_cache=static_cache,
     )
     cuts = cut_samples(samples, tokenizer, (max_new_tokens,), eos_token_ids(model, tokenizer), stop)
     records = score_samples(prompts, ground_truths, cuts, max_new_tokens, reward)
@@ -238,6 +241,6 @@ def _write_budget(budget_dir: Path, records: list[dict], summary: dict, title: s
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     (budget_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     if len(summary["pass_at_n"]) > 1:  # a single point (n = 1, greedy) is no curve
-        from trl_ext.plotting import plot_pass_at_n
+        from trl_ext.reporting.plot import plot_pass_at_n
 
         plot_pass_at_n(summary, budget_dir / "pass_at_n.png", title=title)

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trl_ext.evaluation.samples import Sample
-from trl_ext.vllm_cpu import sampler_engine_kwargs
+from trl_ext.grpo.vllm.cpu_sampler import sampler_engine_kwargs
 
 if TYPE_CHECKING:
     from trl_ext.evaluation.config import EvalConfig
@@ -49,13 +49,13 @@ def vllm_engine_kwargs(cfg: EvalConfig, max_model_len: int | None = None, cpu: b
             transformers backend, so the two agree token for token; vLLM would turn a float32 checkpoint into
             bfloat16 under `auto`), the KV cache gets an explicit size (`CPU_KV_CACHE_BYTES`, or
             VLLM_CPU_KVCACHE_SPACE), the model runs eagerly (no torch.compile at start) and the sampler with
-            `trl_ext.vllm_cpu`'s fix. On a GPU the float32
+            `trl_ext.grpo.vllm.cpu_sampler`'s fix. On a GPU the float32
             default means the checkpoint's dtype (`auto`); any other dtype is passed on.
     """
     kwargs: dict[str, Any] = {"model": cfg.model, "seed": cfg.seed}
     if cpu:
         kwargs.update(dtype=cfg.dtype, enforce_eager=True)
-        kwargs.update(sampler_engine_kwargs())  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
+        kwargs.update(sampler_engine_kwargs())  # vLLM's compiled CPU sampler skips tokens on AVX2 (cpu_sampler)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     else:

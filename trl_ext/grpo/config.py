@@ -21,8 +21,6 @@ the trainer re-checks it against `accelerator.num_processes`):
 
 from __future__ import annotations
 
-import importlib
-import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -43,41 +41,6 @@ from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 from trl_ext.preflight.batch import batch_error, check_batches
 from trl_ext.preflight.environment import world_size_from_env as _world_size
 from trl_ext.preflight.trl_defaults import trl_default
-
-
-def join_deepspeed_comm() -> None:
-    """Points DeepSpeed's communication layer at the process group the arguments just set up, under an accelerate
-    DeepSpeed config on CPU processes (`accelerate_configs/cpu_zero2.yaml` / `cpu_zero3.yaml`).
-
-    There accelerate's `PartialState(cpu=True)` (what `TrainingArguments` builds whenever `use_cpu` or
-    `ACCELERATE_USE_CPU` is set) initialises `torch.distributed` itself and skips `deepspeed.comm.init_distributed`,
-    which it calls on GPUs. Until the first `deepspeed.initialize`, every `DeepSpeedConfig` then reads a world size
-    of 1 (its `dist.get_world_size()` fails and falls back): ZeRO-3's `zero.Init` in a `from_pretrained` (TRL's
-    reference model, any model loaded after the trainer is built) checks the `train_batch_size` transformers filled
-    for all processes against one, and DeepSpeed's batch assertion stops the run (`train_batch_size 16 != 8 * 1 *
-    1`). A no-op on GPUs, without DeepSpeed or outside a launch.
-
-    DeepSpeed's CPU backend would also JIT-compile its shared-memory all-reduce (`deepspeed_shm_comm`, two C++ files:
-    1.5 to 3 minutes of g++ on a 2-core CPU, again for every new environment) as its communication layer starts. Only
-    `deepspeed.comm.inference_all_reduce` (DeepSpeed inference's tensor parallelism) uses it, and that falls back to
-    the process group's `all_reduce` without it; ZeRO training's collectives are torch.distributed's, over gloo. So
-    the layer starts here without it.
-    """
-    import torch.distributed
-
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true" or not torch.distributed.is_initialized():
-        return
-    from deepspeed import comm
-
-    if comm.is_initialized():
-        return
-    backend = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
-    build_shm_op = backend.build_shm_op
-    backend.build_shm_op = lambda: None
-    try:
-        comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
-    finally:
-        backend.build_shm_op = build_shm_op
 
 
 @dataclass
@@ -284,7 +247,6 @@ class AblationGRPOConfig(GRPOConfig):
         self._map_seed_batch_fields()
         # GRPOConfig.__post_init__ derives generation_batch_size / steps_per_generation from the fields set above.
         super().__post_init__()
-        join_deepspeed_comm()
         check_off_policy(self)
         check_skip_zero_advantage(self)
         self._check_vespo_sampler_correction()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trl_ext.recipes.yaml_chain import RecipeError
@@ -23,6 +24,29 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "kissing": {"prompt": "kissing", "reward_funcs": ["kissing"], "dataset_split": "train", "eval_split": "train"},
 }
 SFT_DEFAULT_DATASET = "PrimeIntellect/INTELLECT-MATH-SFT-Data"
+
+# The entry point of each recipe folder (`recipes/<folder>/<x>.yaml` runs with `recipes/<script>`): the folder's name,
+# but for MATH, whose script named `math.py` would be what `import math` finds for any program run with recipes/ first
+# on sys.path (`python recipes/<x>.py` puts it there).
+RECIPE_SCRIPTS = {
+    "countdown": "countdown.py",
+    "gsm8k": "gsm8k.py",
+    "math": "math_grpo.py",
+    "kissing": "kissing.py",
+    "sft": "sft.py",
+    "expert_iteration": "expert_iteration.py",
+}
+
+
+def recipe_script(folder: str) -> str:
+    """The entry point's file name for the recipes of `recipes/<folder>/` (`math` -> `math_grpo.py`)."""
+    return RECIPE_SCRIPTS.get(folder, f"{folder}.py")
+
+
+def script_task(script) -> str | None:
+    """The GRPO task a recipe entry point trains (`recipes/math_grpo.py` -> "math"), None for any other script."""
+    name = Path(script).name
+    return next((task for task in TASK_DEFAULTS if RECIPE_SCRIPTS.get(task) == name), None)
 
 
 @dataclass

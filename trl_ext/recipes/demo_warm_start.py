@@ -1,14 +1,17 @@
-"""`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml).
+"""`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml)
+on the CPU testbed (`trl_ext.testbed`, which the demo shares).
 
-- the model: the demo's SFT warm start, built into `model_name_or_path` on first use (`trl_ext.demo.warm_start`);
-  with `demo_working: true` the warm start taught to write a worked search before its answer (the demo's
-  `--working`, 192 positions), whose response length is free apart from its correctness;
-- the training problems: the demo's unlabelled ones (`limit` keeps the first N), compact prompts; `data_seed`
+- the model: the testbed's SFT warm start, built into `model_name_or_path` by the run's first step when it is not
+  there (`trl_ext.testbed.warm_start.ensure_warm_start`; the preflight's plan shows the step, the checks build
+  nothing); with `demo_working: true` the warm start taught to write a worked search before its answer (the
+  testbed's `working`, 192 positions), whose response length is free apart from its correctness;
+- the training problems: the testbed's unlabelled ones (`limit` keeps the first N), compact prompts; `data_seed`
   reorders them (the same sampling seed, another data order);
-- the validation: the demo's held-out problems (`eval_limit`: the first N of the 512) scored by the demo's own
-  `heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at temperature 1)
-  and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the correct and of
-  the incorrect responses, in tokens), at step 0, every `eval_steps` and after the last step (`final_eval`).
+- the validation: the testbed's held-out problems (`eval_limit`: the first N of the 512) scored by
+  `trl_ext.testbed.heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at
+  temperature 1) and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the
+  correct and of the incorrect responses, in tokens), at step 0, every `eval_steps` and after the last step
+  (`final_eval`); sampled as the rollouts are (through `trl_ext.static_cache` with `static_cache_generation`).
   The numbers go into the trainer's log history as `heldout/<name>` (trainer_state.json), where `trl-ext study
   report` and `trl-ext plot` read them; TRL's own evaluation does not run.
 
@@ -33,27 +36,26 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
     Raises:
         RecipeError: naming the field that the combination ignores or that contradicts the warm start.
     """
-    from trl_ext.demo.config import DemoConfig
+    from trl_ext.testbed.config import WORKING_POSITIONS, TestbedConfig, longest_prompt_tokens, model_positions
 
+    testbed = warm_start_config(script_args)
+    longest_prompt = longest_prompt_tokens(testbed)
+    if longest_prompt + training_args.max_completion_length > model_positions(testbed):
+        raise RecipeError(
+            f"max_completion_length {training_args.max_completion_length} and the longest compact prompt "
+            f"({longest_prompt} tokens) exceed the warm start's {model_positions(testbed)} positions"
+            + ("" if script_args.demo_working else f" (demo_working: true gives {WORKING_POSITIONS})")
+        )
     for name in REPLACED:
         if name in stated:
             raise RecipeError(f"{name} has no effect with demo_warm_start (the demo's problems and model); remove it")
-    from trl_ext.demo.config import WORKING_POSITIONS, longest_prompt_tokens, model_positions
-
-    demo = warm_start_config(script_args)
-    if longest_prompt_tokens(demo) + training_args.max_completion_length > model_positions(demo):
-        raise RecipeError(
-            f"max_completion_length {training_args.max_completion_length} and the longest compact prompt "
-            f"({longest_prompt_tokens(demo)} tokens) exceed the warm start's {model_positions(demo)} positions"
-            + ("" if script_args.demo_working else f" (demo_working: true gives {WORKING_POSITIONS})")
-        )
     if script_args.prompt != "compact" or script_args.chat_template:
         raise RecipeError(
             f"demo_warm_start trains the demo's model, which reads compact prompts without a chat template: "
             f"set prompt: compact and chat_template: false (got prompt {script_args.prompt!r}, chat_template "
             f"{script_args.chat_template})"
         )
-    size = DemoConfig().num_eval_problems
+    size = TestbedConfig().num_eval_problems
     if script_args.eval_limit is None or not 1 <= script_args.eval_limit <= size:
         raise RecipeError(
             f"eval_limit={script_args.eval_limit}: demo_warm_start validates on the first N of the demo's "
@@ -76,16 +78,16 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
 
 
 def warm_start_config(script_args):
-    """The `DemoConfig` whose warm start the recipe trains from: the demo's defaults, with `working` when the recipe
-    sets `demo_working`."""
-    from trl_ext.demo.config import DemoConfig
+    """The `TestbedConfig` whose warm start the recipe trains from: the testbed's defaults, with `working` when the
+    recipe sets `demo_working`."""
+    from trl_ext.testbed.config import TestbedConfig
 
-    return DemoConfig(working=bool(script_args.demo_working))
+    return TestbedConfig(working=bool(script_args.demo_working))
 
 
 def check_warm_start_folder(path: str, script_args) -> None:
-    """The model in `path` is the warm start the recipe asks for: its positions are that warm start's (a folder built
-    for the other one would train the wrong model without a word).
+    """A model already in `path` is the warm start the recipe asks for: its positions are that warm start's (a folder
+    built for the other one would train the wrong model without a word). Reads `config.json` only.
 
     Raises:
         RecipeError: naming model_name_or_path and both warm starts.
@@ -93,10 +95,13 @@ def check_warm_start_folder(path: str, script_args) -> None:
     import json
     from pathlib import Path
 
-    from trl_ext.demo.config import model_positions
+    from trl_ext.testbed.config import model_positions
 
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
     expected = model_positions(warm_start_config(script_args))
-    found = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    found = json.loads(config.read_text()).get("max_position_embeddings")
     if found != expected:
         wanted = "working (demo_working: true)" if script_args.demo_working else "compact"
         raise RecipeError(
@@ -106,17 +111,17 @@ def check_warm_start_folder(path: str, script_args) -> None:
 
 
 def load_demo_datasets(script_args, data_seed: int | None = None):
-    """(training dataset of the demo's unlabelled problems, the held-out problems to validate on).
+    """(training dataset of the testbed's unlabelled problems, the held-out problems to validate on).
 
     `data_seed` (the training arguments' `data_seed`), when set, shuffles the problems before the trainer's sampler
     draws its seed's order over them: two runs of one seed then see the problems in different orders with the same
     sampling seed (a noise-floor pair of an ablation study)."""
     import random
 
-    from trl_ext.demo.data import grpo_dataset
-    from trl_ext.demo.warm_start import demo_problems
+    from trl_ext.testbed.problems import grpo_dataset
+    from trl_ext.testbed.warm_start import testbed_problems
 
-    unlabelled, held_out = demo_problems()
+    unlabelled, held_out = testbed_problems()
     if script_args.limit is not None:
         unlabelled = unlabelled[: script_args.limit]
     if data_seed is not None:
@@ -142,15 +147,18 @@ def validation_points(
     return sorted(points)
 
 
-def heldout_numbers(model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int) -> dict:
-    """The `heldout/*` numbers of one validation (module docstring)."""
+def heldout_numbers(
+    model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int, static_cache: bool = False
+) -> dict:
+    """The `heldout/*` numbers of one validation (module docstring); `static_cache`: sampled through
+    `trl_ext.static_cache` (the run's `static_cache_generation`)."""
     import time
 
-    from trl_ext.demo.heldout import evaluate, response_stats
+    from trl_ext.testbed.heldout import evaluate, response_stats
 
-    started = time.perf_counter()
-    scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens)
-    stats = response_stats(model, tokenizer, problems, max_new_tokens)
+    started, cpu = time.perf_counter(), time.process_time()
+    scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens, static_cache)
+    stats = response_stats(model, tokenizer, problems, max_new_tokens, static_cache)
     out = {"greedy_accuracy": scores["greedy_accuracy"]}
     if num_samples:
         out["sampled_accuracy"] = scores["sampled_accuracy"]
@@ -162,6 +170,7 @@ def heldout_numbers(model, tokenizer, problems: list[dict], num_samples: int, ma
         incorrect_length=stats["incorrect_length"],
         sample_accuracy=stats["accuracy"],
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu,
     )
     return {PREFIX + k: v for k, v in out.items() if v is not None}
 
@@ -177,6 +186,7 @@ def heldout_callback(tokenizer, problems: list[dict], training_args, final: bool
     on_start = bool(training_args.eval_on_start)
     num_samples = training_args.num_generations_eval or 0
     max_new_tokens = training_args.max_completion_length
+    static_cache = bool(getattr(training_args, "static_cache_generation", False))
 
     class HeldoutValidation(TrainerCallback):
         def __init__(self):
@@ -195,7 +205,7 @@ def heldout_callback(tokenizer, problems: list[dict], training_args, final: bool
             if not state.is_world_process_zero:
                 return
             numbers = heldout_numbers(
-                getattr(model, "module", model), self.tokenizer, problems, num_samples, max_new_tokens
+                getattr(model, "module", model), self.tokenizer, problems, num_samples, max_new_tokens, static_cache
             )
             state.log_history.append({**numbers, "step": state.global_step})
             shown = ", ".join(f"{k.removeprefix(PREFIX)} {v:.4g}" for k, v in numbers.items())

@@ -3,8 +3,8 @@
 `spec` (the study file), `placement` (pure: GPU sets, cores, ports), `planning` (every run preflighted by the
 launcher's `plan_launch`, placed on the node), `runner` (the runs on this machine: process groups, resume, failures,
 signals), `progress` (a run's state from its folder and log), `slurm` (sbatch scripts, the queue, cancel),
-`report` (statistics over seeds with scipy), `claims` (published claims judged from paired seeds, power by scipy),
-`figures` (curves, lengths, per arm), `cli` (`trl-ext study`). Above `launch`: a study starts runs only through
+`report` (statistics over seeds with scipy, curves, lengths, per arm), `claims` (published claims judged from
+paired seeds, power by scipy), `cli` (`trl-ext study`). Above `launch`: a study starts runs only through
 the launcher. docs/studies.md.
 """
 

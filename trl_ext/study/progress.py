@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trl_ext.run_logs import find_trainer_state
+from trl_ext.reporting.run_logs import find_trainer_state
 
 # HF's training bar has no label (`Map: 46/46 [...]`, `Writing model shards: 1/1 [...]` have one).
 _STEP = re.compile(r"(?:^|[\r\n])\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+) \[[^\]\r\n]*(?:it/s|s/it)")

@@ -1,13 +1,13 @@
 """`trl-ext study report`: the study's numbers from its run folders, into `runs/<study>/report/` (report.md,
-report.json, and the figures of `trl_ext.study.figures`: curves.png, arms.png, lengths.png).
+report.json, curves.png, arms.png, lengths.png).
 
 - Per arm and metric: the metric's last validation value of each finished seed; the mean, and a 95% Student-t
   interval over seeds (`scipy.stats.t.interval`; none with one seed).
 - Against the reference arm: paired by seed (the same seed's run of each arm, so the same data order and the same
   held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
   its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
-- Curves (`figures`): per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step
-  and by wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
+- Curves: per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
+  wall clock (`trl_ext.reporting.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
@@ -19,24 +19,32 @@ report.json, and the figures of `trl_ext.study.figures`: curves.png, arms.png, l
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from trl_ext.run_logs import load_run
+from trl_ext.reporting.figures import pyplot, save
+from trl_ext.reporting.run_logs import band, last_value, load_run, metric_key, series
 from trl_ext.study.claims import CONFIDENCE, judge
-from trl_ext.study.figures import plot, plot_arms
 from trl_ext.study.progress import is_finished
-from trl_ext.study.spec import Study
+from trl_ext.study.spec import DEFAULT_METRICS, Study
 
+CURVES = (("train reward", "reward"), ("validation accuracy", "eval_rewards/*/answer_reward"), ("entropy", "entropy"))
 #: The logged wall-clock seconds of a run's training loop (HF Trainer's last train entry; evaluations inside the loop
 #: included, model loading and saving not).
 WALL_CLOCK = "train_runtime"
+
+
+def curves_of(study: Study) -> tuple[tuple[str, str], ...]:
+    """The panels: `CURVES` for the default metric; otherwise the train reward, each of the study's metrics, and the
+    training entropy."""
+    if tuple(study.metrics) == DEFAULT_METRICS:
+        return CURVES
+    panels = [("train reward", "reward"), *((m, m) for m in study.metrics)]
+    return (*panels, *((("train entropy", "entropy"),) if "entropy" not in study.metrics else ()))
 
 
 def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> dict:
@@ -63,29 +71,12 @@ def paired(values: dict[int, float], reference: dict[int, float]) -> dict:
     return out
 
 
-def final_value(history: list[dict], pattern: str) -> float | None:
-    """The last logged number of the first key matching `pattern`."""
-    for entry in reversed(history):
-        for key in sorted(entry):
-            value = entry[key]
-            if fnmatch.fnmatch(key, pattern) and isinstance(value, int | float) and not isinstance(value, bool):
-                if not math.isnan(value):
-                    return float(value)
-    return None
-
-
-def curve_mean(history: list[dict], pattern: str) -> float | None:
-    """The mean of every logged number of the key `final_value` reads (the first key matching `pattern`): over equally
-    spaced validations, the area under the curve per step."""
-    key = next(
-        (k for entry in reversed(history) for k in sorted(entry) if fnmatch.fnmatch(k, pattern)
-         and isinstance(entry[k], int | float) and not isinstance(entry[k], bool) and not math.isnan(entry[k])),
-        None,
-    )  # fmt: skip
-    if key is None:
-        return None
-    values = [float(e[key]) for e in history if isinstance(e.get(key), int | float) and not math.isnan(e[key])]
-    return float(np.mean(values))
+def curve_mean(log, pattern: str) -> float | None:
+    """The mean of every logged number of the metric `pattern` in a run (`metric_key` resolves it): over equally
+    spaced validations, the area under the held-out curve per step."""
+    key = metric_key(log, [pattern])
+    values = series(log, key)[1] if key is not None else []
+    return float(np.mean(values)) if values else None
 
 
 def completion_lengths(run_dir: Path) -> dict[int, dict[str, list[int]]]:
@@ -118,8 +109,8 @@ def collect(study: Study) -> dict:
             log = load_run(folder)
             seeds[seed] = {
                 "folder": str(folder),
-                "metrics": {m: final_value(log.history, m) for m in study.metrics},
-                "curve_means": {m: curve_mean(log.history, m) for m in study.metrics},
+                "metrics": {m: last_value(log.history, m) for m in study.metrics},
+                "curve_means": {m: curve_mean(log, m) for m in study.metrics},
                 "log": log,
                 "lengths": completion_lengths(folder),
             }
@@ -139,9 +130,9 @@ def collect(study: Study) -> dict:
                 for kind in lengths:
                     lengths[kind] += per_step[kind]
         entry["mean_length_chars"] = {k: (float(np.mean(v)) if v else None) for k, v in lengths.items()}
-        entries = [final_value(d["log"].history, "entropy") for d in seeds.values()]
+        entries = [last_value(d["log"].history, "entropy") for d in seeds.values()]
         entry["final_entropy"] = mean_ci([e for e in entries if e is not None])
-        walls = {s: final_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
+        walls = {s: last_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
         entry["wall_clock_s"] = {**mean_ci([w for w in walls.values() if w is not None]), "per_seed": walls}
         summary["arms"][name] = entry
     summary["claims"] = [judge_claim(claim, arms) for claim in study.claims]
@@ -158,6 +149,99 @@ def judge_claim(claim, arms: dict) -> dict:
         if arm[s][field][claim.metric] is not None and base[s][field][claim.metric] is not None
     }
     return {**asdict(claim), "per_seed": diffs, **judge(claim, list(diffs.values()))}
+
+
+def plot(study: Study, data: dict, folder: Path) -> list[Path]:
+    """`curves.png` (per arm and panel the mean over seeds, and the band from the lowest to the highest seed, by
+    optimizer step and by wall clock) and, when the runs logged example rollouts, `lengths.png`; returns the paths."""
+    plt = pyplot()
+    raw = data["raw"]
+    paths = []
+    panels = curves_of(study)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
+    for row, (title, key) in enumerate(panels):
+        for col, axis in enumerate(("step", "wall_clock")):
+            ax = axes[row][col]
+            for arm, seeds in raw.items():
+                curve = band([d["log"] for d in seeds.values()], key, axis)
+                if curve is None:
+                    continue
+                grid, mean, low, high = curve
+                (line,) = ax.plot(grid, mean, label=f"{arm} ({len(seeds)} seeds)")
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+            ax.set_title(f"{title} by {'step' if axis == 'step' else 'wall clock'}")
+            ax.set_xlabel("optimizer step" if axis == "step" else "wall clock (s)")
+            if ax.lines:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(save(fig, folder / "curves.png", dpi=90))
+
+    lengths_png = folder / "lengths.png"
+    lengths_png.unlink(missing_ok=True)  # a figure from an earlier report would outlive the data it drew
+    if not any(per[k] for seeds in raw.values() for d in seeds.values() for per in d["lengths"].values() for k in per):
+        return paths  # no run logged example rollouts (`rollout_log_steps: 0`): nothing to draw
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5), squeeze=False)
+    for col, kind in enumerate(("correct", "incorrect")):
+        ax = axes[0][col]
+        for arm, seeds in raw.items():
+            by_step: dict[int, list[int]] = {}
+            for d in seeds.values():
+                for step, per in d["lengths"].items():
+                    by_step.setdefault(step, []).extend(per[kind])
+            steps = sorted(s for s, v in by_step.items() if v)
+            if steps:
+                ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".", label=arm)
+        ax.set_title(f"mean length of {kind} completions (characters)")
+        ax.set_xlabel("optimizer step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(save(fig, lengths_png, dpi=90))
+    return paths
+
+
+def _kind(metric: str) -> str:
+    """The per-arm figure's panel of a metric: `length`, `entropy` or `score` (accuracies, rewards)."""
+    name = metric.lower()
+    return "length" if "length" in name else "entropy" if "entropy" in name else "score"
+
+
+def plot_arms(study: Study, data: dict, path: Path) -> Path | None:
+    """`arms.png`: a row per arm; columns: the score metrics by step and by wall clock, the length metrics by step,
+    the entropy by step (the study's entropy metric, else the trainer's); each the seeds' mean with their band."""
+    raw = data["raw"]
+    if not any(raw.values()):
+        return None
+    by_kind = {k: [m for m in study.metrics if _kind(m) == k] for k in ("score", "length", "entropy")}
+    columns = [
+        ("accuracy", by_kind["score"], "step"),
+        ("accuracy", by_kind["score"], "wall_clock"),
+        ("length", by_kind["length"], "step"),
+        ("entropy", by_kind["entropy"] or ["entropy"], "step"),
+    ]
+    columns = [c for c in columns if c[1]]
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        len(raw), len(columns), figsize=(3.8 * len(columns), 2.5 * len(raw)), squeeze=False, sharex="col",
+        sharey="col",
+    )  # fmt: skip
+    for row, (arm, seeds) in enumerate(raw.items()):
+        for col, (title, keys, axis) in enumerate(columns):
+            ax = axes[row][col]
+            for key in keys:
+                curve = band([d["log"] for d in seeds.values()], key, axis)
+                if curve is None:
+                    continue
+                grid, mean, low, high = curve
+                (line,) = ax.plot(grid, mean, label=key.rsplit("/", 1)[-1])
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+            ax.set_title(f"{arm} ({len(seeds)} seeds): {title}", fontsize=8)
+            if row == len(raw) - 1:
+                ax.set_xlabel("optimizer step" if axis == "step" else "wall clock (s)")
+            if row == 0 and ax.lines:
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    return save(fig, path, dpi=80)
 
 
 def _fmt(value) -> str:

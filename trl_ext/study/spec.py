@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from trl_ext.recipes.arguments import recipe_script
 from trl_ext.study.claims import Claim, parse_claims
 
 #: The recipes' validation accuracy (the answer reward without the format bonus), as `trl-ext plot` draws it.
@@ -127,8 +128,9 @@ def _file(value, where: str) -> Path:
 
 
 def default_script(recipe: Path) -> Path:
-    """`recipes/<folder>.py` for `recipes/<folder>/<x>.yaml` (the recipe scripts sit beside their YAML folders)."""
-    return recipe.parent.parent / f"{recipe.parent.name}.py"
+    """The entry point beside the folder of `recipes/<folder>/<x>.yaml` (`recipes/<folder>.py`; `recipes/math_grpo.py`
+    for `recipes/math/`: `trl_ext.recipes.recipe_script`)."""
+    return recipe.parent.parent / recipe_script(recipe.parent.name)
 
 
 def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:

@@ -1,9 +1,19 @@
-"""The trainer side of the CPU weight transfer: TRL's `VLLMClient` whose NCCL communicator is replaced by a gloo
-sender when the trainer's device is not CUDA, and the switch that makes TRL build it.
+"""`TrlExtVLLMClient`: TRL's `VLLMClient` as trl_ext's trainers talk to a vLLM server.
 
-TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine (`VLLMClient.init_communicator` /
-`update_named_params`), which needs a CUDA device. vLLM 0.31 selects the server's engine by name
-(`--weight-transfer-config '{"backend": NAME}'`, looked up in `WeightTransferEngineFactory`), and our
+`TrlExtVLLMGeneration` (`trl_ext.grpo.vllm.generation`) builds it in place of TRL's client. Its overrides, each
+chaining to TRL's method:
+
+- the weight sync (`init_communicator`, `update_named_params`, `_start_weight_update`, `_finish_weight_update`,
+  `close_communicator`): TRL's NCCL on a CUDA device; on any other device a gloo sender (below);
+- `generate` / `chat`: timed by the watchdog (`trl_ext.grpo.vllm.watchdog`, set by the generation in server mode);
+  a failed request raises `VLLMServerError` naming the server and its log; then TRL's, which posts through `_post`;
+- `_post`: a completions request goes to the replay of async rollouts (`replay`, `trl_ext.grpo.vllm.replay`: the
+  answer of the request sent ahead, or TRL's `_post`), then vLLM's finish reasons of its answer are recorded
+  (`last_finish_reasons`, `trl_ext.grpo.vllm.finish_reasons`); every other request is TRL's `_post` alone.
+
+The CPU weight transfer. TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine
+(`VLLMClient.init_communicator` / `update_named_params`), which needs a CUDA device. vLLM 0.31 selects the server's
+engine by name (`--weight-transfer-config '{"backend": NAME}'`, looked up in `WeightTransferEngineFactory`), and our
 `vllm.general_plugins` entry point (`trl_ext.grpo.weight_sync.plugin.register`) adds `BACKEND` there. The two sides,
 over the wire of `trl_ext.grpo.weight_sync.wire`:
 
@@ -11,11 +21,10 @@ over the wire of `trl_ext.grpo.weight_sync.wire`:
   `/init_weight_transfer_engine`, and per sync runs vLLM's layerwise reload (`/start_weight_update`), receives and
   loads the tensors (`/update_weights`), then finishes the reload and repacks the layers that kept their weight (a
   tied LM head: `trl_ext.grpo.weight_sync.colocate.repack_kept_weight_layers`) (`/finish_weight_update`);
-- trainer: `GlooVLLMClient` here. `server_weight_sync` makes TRL's `VLLMGeneration` build it on a trainer without
-  CUDA; TRL then calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
+- trainer: this client. TRL calls, as on a GPU, `init_communicator(accelerator.device)` once and, per sync,
   `update_named_params(metadata, VLLMGeneration._iter_named_params())` and `reset_prefix_cache()`, with TRL's own
   tensors (PEFT merged, names as TRL fixes them), so every tensor TRL's sync moves is moved. On a CUDA device every
-  method is TRL's own (NCCL).
+  weight-sync method is TRL's own (NCCL).
 
 Failure: every request of the sync goes without retries and is bounded by `timeout_s` (TRL's
 `vllm_server_timeout`), as is every broadcast; a server that is gone (or whose requests fail) raises
@@ -28,43 +37,22 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
 
 import requests
 import torch
 from trl.generation.vllm_client import VLLMClient
 
+from trl_ext.grpo.vllm.finish_reasons import Record, choice_reasons
+from trl_ext.grpo.vllm.replay import COMPLETIONS_ENDPOINT, Replay
+from trl_ext.grpo.vllm.watchdog import Watchdog, watched
 from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
 from trl_ext.grpo.weight_sync.wire import CHUNK_BYTES, GlooLink, chunk_plan, local_address_towards, send_chunks
 from trl_ext.host import log_tail
 
 TAIL_LINES = 15
-
-
-def applies(args) -> bool:
-    """Whether a GRPO run with `args` syncs a vLLM server from a trainer without CUDA (where TRL's NCCL cannot)."""
-    if not (getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"):
-        return False
-    return bool(getattr(args, "use_cpu", False)) or not torch.cuda.is_available()
-
-
-@contextmanager
-def server_weight_sync(args):
-    """While TRL's `GRPOTrainer.__init__` runs, its `VLLMGeneration` builds `GlooVLLMClient` instead of TRL's
-    `VLLMClient` when `applies(args)`; a no-op otherwise (NCCL on GPUs, untouched)."""
-    if not applies(args):
-        yield
-        return
-    import trl.generation.vllm_generation as generation
-
-    original = generation.VLLMClient
-    generation.VLLMClient = GlooVLLMClient
-    try:
-        yield
-    finally:
-        generation.VLLMClient = original
 
 
 def server_log() -> str | None:
@@ -98,11 +86,17 @@ def _server_failures(*errors: type[BaseException]):
     return decorate
 
 
-class GlooVLLMClient(VLLMClient):
-    """TRL's `VLLMClient` with a gloo weight sync for a trainer without CUDA (see the module docstring).
+class TrlExtVLLMClient(VLLMClient):
+    """TRL's `VLLMClient` with the overrides of the module docstring.
 
     Args: those of `VLLMClient`; `connection_timeout` (TRL passes `vllm_server_timeout`) also bounds each step of a
     weight sync (`timeout_s`, at least 30 s).
+
+    Attributes:
+        watchdog: times each `generate` / `chat` (None: untimed); `TrlExtVLLMGeneration` sets it in server mode.
+        replay: answers completions requests while async rollouts run (None: TRL's `_post`); set by
+            `trl_ext.grpo.rollouts.async_rollouts` on the main process.
+        last_finish_reasons: `(finish_reason, stop_reason)` of each choice of the last completions answer.
     """
 
     def __init__(
@@ -117,6 +111,9 @@ class GlooVLLMClient(VLLMClient):
         self.log_path = server_log()
         self.chunk_bytes = CHUNK_BYTES
         self._gloo = False
+        self.watchdog: Watchdog | None = None
+        self.replay: Replay | None = None
+        self.last_finish_reasons: Record | None = None
         super().__init__(base_url, host, server_port, group_port, connection_timeout)
 
     def server_error(self, what: str, exc: BaseException | None = None) -> VLLMServerError:
@@ -209,17 +206,33 @@ class GlooVLLMClient(VLLMClient):
         if not self._updating_weights:
             self._finish_weight_update()
 
-    @_server_failures(requests.RequestException)
     def generate(self, *args, **kwargs):
-        return super().generate(*args, **kwargs)
+        with watched(self.watchdog, "generation request (generate)"):
+            return self._request("generate", super().generate, *args, **kwargs)
 
-    @_server_failures(requests.RequestException)
     def chat(self, *args, **kwargs):
-        return super().chat(*args, **kwargs)
+        with watched(self.watchdog, "generation request (chat)"):
+            return self._request("chat", super().chat, *args, **kwargs)
 
-    @_server_failures(requests.RequestException)
     def reset_prefix_cache(self):
-        return super().reset_prefix_cache()
+        return self._request("reset_prefix_cache", super().reset_prefix_cache)
+
+    def _request(self, what: str, call: Callable, *args, **kwargs):
+        """`call(*args, **kwargs)` (one of TRL's requests); its transport failure raised as `VLLMServerError`."""
+        try:
+            return call(*args, **kwargs)
+        except requests.RequestException as exc:
+            raise self.server_error(f"{what} failed", exc) from exc
+
+    def _post(self, url: str, **kwargs):
+        """TRL's POST; a completions request answered by the replay of async rollouts when it runs, and vLLM's
+        finish reasons of a completions answer (replayed or sent) kept in `last_finish_reasons`."""
+        if not url.endswith(COMPLETIONS_ENDPOINT):
+            return super()._post(url, **kwargs)
+        send = functools.partial(super()._post, url, **kwargs)
+        answer = send() if self.replay is None else self.replay.post(url, kwargs.get("json"), send)
+        self.last_finish_reasons = choice_reasons(answer["choices"])
+        return answer
 
     def close_communicator(self):
         if not self._gloo:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,3 +175,51 @@ def series(run: RunLog, key: str) -> tuple[list[dict[str, float | None]], list[f
             xs.append({axis: run.x[axis][i] for axis in AXES})
             values.append(float(value))
     return xs, values
+
+
+def last_value(history: list[dict], pattern: str) -> float | None:
+    """The last number logged under the first key matching `pattern` (`fnmatch`, `*` for a reward function's name),
+    NaN left out; None when there is none."""
+    for entry in reversed(history):
+        for key in sorted(entry):
+            value = entry[key]
+            if fnmatch.fnmatch(key, pattern) and isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isnan(value):
+                    return float(value)
+    return None
+
+
+def band(runs: list[RunLog], pattern: str, axis: str, points: int = 50):
+    """A metric over several runs on a common x grid (linear interpolation between each run's logged points): the
+    grid, the mean over runs, the lowest and the highest, over the x range all runs cover.
+
+    Args:
+        runs: the runs (seeds of one arm).
+        pattern: the metric's log key (`metric_key` resolves `*`).
+        axis: one of `AXES`.
+        points: grid points.
+
+    Returns:
+        `(grid, mean, low, high)`, numpy arrays of `points` values (1 when the runs share one x), or None when no run
+        logged the metric on that axis or their ranges do not overlap.
+    """
+    import numpy as np
+
+    curves = []
+    for run in runs:
+        key = metric_key(run, [pattern])
+        if key is None:
+            continue
+        xs, values = series(run, key)
+        pairs = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
+        if pairs:
+            curves.append(pairs)
+    if not curves:
+        return None
+    end = min(max(x for x, _ in c) for c in curves)
+    start = max(min(x for x, _ in c) for c in curves)
+    if end < start:
+        return None
+    grid = np.linspace(start, end, points) if end > start else np.array([start])
+    stacked = np.array([np.interp(grid, [x for x, _ in c], [v for _, v in c]) for c in curves])
+    return grid, stacked.mean(0), stacked.min(0), stacked.max(0)

@@ -3,14 +3,15 @@
 TRL 1.16 syncs a server over NCCL (`VLLMClient.update_named_params`: an HTTP call, then a broadcast into the
 server's workers) and generates over HTTP without a timeout. A server or worker that stops answering mid-broadcast
 or mid-request hangs the run without a word (a broadcast cannot be interrupted from Python, nor can a blocked socket
-read). Our gloo transfer (`trl_ext.grpo.weight_sync.client`) bounds its own waits, but what it was doing when it gave
+read). Our gloo transfer (`trl_ext.grpo.vllm.client`) bounds its own waits, but what it was doing when it gave
 up is not in its error either.
 
-`install_server_watchdog` wraps, on a trainer's (or SFT validation's) `VLLMGeneration` in server mode:
+In server mode the main process's `TrlExtVLLMGeneration` (`trl_ext.grpo.vllm.generation`) holds one `Watchdog`,
+shared with its client, and times with it:
 
 - `sync_weights`: a timer of `timeout_s` (the run's `vllm_server_timeout`) runs while it does; each tensor handed to
-  the client is recorded (TRL's `_iter_named_params` feeds the client, NCCL or gloo alike);
-- `vllm_client.generate` / `chat`: the same timer per request.
+  the client is recorded (`_iter_named_params`, which feeds the client, NCCL or gloo alike);
+- the client's `generate` / `chat` (`TrlExtVLLMClient`): the same timer per request.
 
 When the timer fires the watchdog writes to stderr which step, which operation and which tensor (name, index of
 how many) it was at, the last lines of the server's log (`TRL_EXT_VLLM_SERVER_LOG`, set by `trl-ext launch`), and
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from trl_ext.grpo.weight_sync.plugin import SERVER_LOG_ENV
 from trl_ext.host import log_tail
@@ -127,46 +128,6 @@ def _stop_process(message: str) -> None:
     os._exit(STALL_EXIT_CODE)
 
 
-def install_server_watchdog(generation, timeout_s: float, step: Callable[[], int], **kwargs) -> Watchdog | None:
-    """Wrap a server-mode `VLLMGeneration`'s sync and requests in a `Watchdog` (module docstring); None (nothing
-    done) for colocate mode or no client."""
-    client = getattr(generation, "vllm_client", None)
-    if generation is None or getattr(generation, "mode", None) != "server" or client is None:
-        return None
-    dog = Watchdog(timeout_s, step, **kwargs)
-    sync, tensors = generation.sync_weights, generation._iter_named_params
-
-    def watched_sync(*args, **kw):
-        with dog.watch("weight sync"):
-            return sync(*args, **kw)
-
-    def tracked_tensors(*args, **kw):
-        total = len(getattr(generation, "_weight_metadata", None) or []) or None
-        for index, (name, param) in enumerate(tensors(*args, **kw)):
-            dog.progress(name, index, total)
-            yield name, param
-
-    generation.sync_weights = watched_sync
-    generation._iter_named_params = tracked_tensors
-    for method in ("generate", "chat"):
-        original = getattr(client, method, None)
-        if original is not None:
-            setattr(client, method, _watched(dog, f"generation request ({method})", original))
-    return dog
-
-
-def install_trainer_watchdog(trainer) -> Watchdog | None:
-    """`install_server_watchdog` on a GRPO (or expert-iteration) trainer's generation, timed by its
-    `vllm_server_timeout`; None outside server mode."""
-    if not getattr(trainer, "use_vllm", False):
-        return None
-    generation = getattr(trainer, "vllm_generation", None)
-    return install_server_watchdog(generation, trainer.args.vllm_server_timeout, lambda: trainer.state.global_step)
-
-
-def _watched(dog: Watchdog, operation: str, call):
-    def watched(*args, **kwargs):
-        with dog.watch(operation):
-            return call(*args, **kwargs)
-
-    return watched
+def watched(dog: Watchdog | None, operation: str):
+    """`dog.watch(operation)`, or a block that does nothing without a watchdog (colocate mode, other processes)."""
+    return nullcontext() if dog is None else dog.watch(operation)

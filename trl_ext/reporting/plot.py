@@ -7,7 +7,7 @@ PNG: one panel per metric, one line per run, against each x-axis asked for (`X_A
 wall-clock time), plus a CSV of every number drawn.
 
 The x-axes (`step`, `grpo_step`, `validation_step`, `wall_clock`) and how a run's log is read are
-`trl_ext.run_logs`'s.
+`trl_ext.reporting.run_logs`'s.
 
 `--smoothing S` (default `DEFAULT_SMOOTHING`, 0 = off) draws each line smoothed, the raw points faint behind it,
 with the smoothing of wandb's charts by default: its time-weighted exponential moving average, debiased
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import typer
 
-from trl_ext.run_logs import (
+from trl_ext.reporting.figures import pyplot, save
+from trl_ext.reporting.run_logs import (
     AXES,
     RunLog,
     find_trainer_state,
@@ -150,9 +151,7 @@ def plot_runs(
     if not keyed:
         raise ValueError(f"none of the runs logged any of {[c for _, cs in panels for c in cs]}")
     fig = _draw(keyed, x_axes, smoothing, references)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=110)
+    output = save(fig, output, dpi=110, close=False)  # returned to the caller, who may look at it
     csv_path = Path(csv_path) if csv_path else output.with_suffix(".csv")
     with open(csv_path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -200,11 +199,7 @@ def _csv_rows(keyed, smoothing: float, references: list[tuple[int, float]]) -> l
 def _draw(keyed, x_axes: tuple[str, ...], smoothing: float, references: list[tuple[int, float]]):
     """The figure: one block of rows per x-axis, holding the panels with points on that axis (train panels have no
     validation step)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cells = [(axis, title, pairs) for axis in x_axes for title, pairs in keyed if _has_points(pairs, axis)]
     blocks = [sum(1 for cell in cells if cell[0] == axis) for axis in x_axes]
     ncols = min(4, max(blocks))  # no empty column when every block has fewer panels
@@ -310,12 +305,7 @@ def plot_pass_at_n(summary: dict, output: str | Path, title: str = ""):
     Returns:
         The matplotlib figure (one axes, two lines labelled `pass@N` and `Best@N`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = pyplot().subplots(figsize=(4.5, 3.2))
     for key, label in (("pass_at_n", "pass@N"), ("best_at_n", "Best@N")):
         points = sorted((int(k), float(v)) for k, v in summary[key].items())
         ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=label)
@@ -327,8 +317,7 @@ def plot_pass_at_n(summary: dict, output: str | Path, title: str = ""):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(output, dpi=110)
-    plt.close(fig)
+    save(fig, output, dpi=110)
     return fig
 
 

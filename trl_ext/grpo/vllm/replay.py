@@ -3,11 +3,12 @@ background thread, and the replay of its answer when TRL asks for exactly that r
 
 TRL 1.16's server mode asks for completions with one HTTP request from the main process
 (`VLLMClient.generate` -> `_post(".../v1/completions", json=payload)`), between collectives that gather the prompts
-and broadcast the answer (`trl/generation/vllm_generation.py`). `install_replay` puts a layer under that client's
-`_post` (under every other wrapper of it, such as `trl_ext.grpo.rollouts.finish_reasons`): a training request whose
-payload equals the one sent ahead is answered from the background request; every other request (evaluation, dynamic
-sampling's extra batches, weight transfer, a request whose prefetch went stale) goes out as before. So everything
-TRL does with the answer, and everything wrapped around `_post`, runs on the main thread as in the synchronous path.
+and broadcast the answer (`trl/generation/vllm_generation.py`). `TrlExtVLLMClient._post` (`trl_ext.grpo.vllm.client`)
+hands each completions request to its `Replay` when async rollouts gave it one: a training request whose payload
+equals the one sent ahead is answered from the background request; every other request (evaluation, dynamic
+sampling's extra batches, a request whose prefetch went stale) goes out through TRL's `_post` as before. So
+everything TRL does with the answer, and everything the client does after it (vLLM's finish reasons), runs on the
+main thread as in the synchronous path.
 
 The payload sent ahead is the last training payload TRL sent with the next batch's prompts in place of its prompts
 (`next_payload`): the sampling parameters are TRL's own, and a request that differs in anything is not replayed.
@@ -19,15 +20,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import types
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-# The endpoint TRL's `VLLMClient.generate` posts to; both wrappers of its `_post` (the replay here, the finish-reason
-# record of `trl_ext.grpo.rollouts.finish_reasons`) act on its answers only.
+# The endpoint TRL's `VLLMClient.generate` posts to; `TrlExtVLLMClient._post` replays and records vLLM's finish reasons
+# for its requests only.
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
 
@@ -155,53 +155,54 @@ class Served:
     wait_seconds: float
 
 
-class ReplayLayer:
-    """The layer under a `VLLMClient`'s `_post` (module docstring). Main process only.
+class Replay:
+    """What answers a completions request of a `TrlExtVLLMClient` (module docstring). Main process only.
 
     Args:
-        client: TRL's `VLLMClient`.
         worker: the background request.
         is_training: whether the trainer is training (evaluation requests are never replayed or recorded).
         server_version: the policy version the server holds now.
         stale: `stale(version) -> bool`, whether a prefetch of that version may no longer be trained on.
+
+    Attributes:
+        template: the body of the last training completions request TRL sent (`next_payload` builds on it).
+        served: how the last training completions request was answered.
+        discarded: requests sent ahead and not used (stale, or not the request TRL made).
     """
 
-    def __init__(self, client, worker: RolloutWorker, is_training, server_version, stale):
+    def __init__(self, worker: RolloutWorker, is_training, server_version, stale):
         self.worker = worker
+        self.is_training, self.server_version, self.stale = is_training, server_version, stale
         self.template: dict | None = None
         self.served: Served | None = None
         self.discarded = 0
-        original = client._post
-        layer = self
 
-        def _post(self, url, **kwargs):
-            if not (url.endswith(COMPLETIONS_ENDPOINT) and is_training()):
-                return original(url, **kwargs)
-            payload = kwargs.get("json")
-            layer.template = payload
-            started = time.perf_counter()
-            prefetch = worker.take(url, payload)
-            if prefetch is not None and stale(prefetch.version):
-                layer.discarded += 1
-                logger.warning(
-                    "async rollouts: dropped a batch sampled by policy %d (max_staleness exceeded); generating it "
-                    "again",
-                    prefetch.version,
-                )
-                prefetch = None
-            if prefetch is not None:
-                answer = prefetch.future.result()
-                waited = time.perf_counter() - started
-                layer.served = Served(prefetch.version, True, prefetch.seconds, waited)
-                return answer
-            answer = original(url, **kwargs)
-            seconds = time.perf_counter() - started
-            layer.served = Served(server_version(), False, seconds, seconds)
+    def post(self, url: str, payload: dict, send: Callable[[], dict]) -> dict:
+        """The answer to TRL's completions request `payload` to `url`: the background request's when it is exactly
+        this one and not stale, else `send()` (TRL's `_post`)."""
+        if not self.is_training():
+            return send()
+        self.template = payload
+        started = time.perf_counter()
+        prefetch = self.worker.take(url, payload)
+        if prefetch is not None and self.stale(prefetch.version):
+            self.discarded += 1
+            logger.warning(
+                "async rollouts: dropped a batch sampled by policy %d (max_staleness exceeded); generating it again",
+                prefetch.version,
+            )
+            prefetch = None
+        if prefetch is not None:
+            answer = prefetch.future.result()
+            waited = time.perf_counter() - started
+            self.served = Served(prefetch.version, True, prefetch.seconds, waited)
             return answer
+        answer = send()
+        seconds = time.perf_counter() - started
+        self.served = Served(self.server_version(), False, seconds, seconds)
+        return answer
 
-        client._post = types.MethodType(_post, client)
 
-
-def install_replay(client, is_training, server_version, stale) -> ReplayLayer:
-    """Put a `ReplayLayer` under `client._post` with a `RolloutWorker` posting on its own session."""
-    return ReplayLayer(client, RolloutWorker(background_post(client)), is_training, server_version, stale)
+def replay_for(client, is_training, server_version, stale) -> Replay:
+    """A `Replay` whose `RolloutWorker` posts on its own session with `client`'s retry policy."""
+    return Replay(RolloutWorker(background_post(client)), is_training, server_version, stale)

@@ -13,8 +13,10 @@ The fix is vLLM's own `use_fp64_gumbel` setting (`--use-fp64-gumbel` for `vllm s
 touches nothing else (the model still runs as configured), which is narrower than `TORCHDYNAMO_DISABLE=1` (every
 torch.compile of the process). The launcher's CPU server layout (`trl_ext.launch.cpu_layout`), the evaluation's
 vLLM backend (`trl_ext.evaluation.vllm_backend`) and the tests' servers apply it; an engine colocated on the CPU (TRL
-builds it, without the setting) gets it from `fix_engine_sampler` once built: the GRPO and expert-iteration trainers
-(`trl_ext.grpo.weight_sync.colocate.install_colocate_weight_sync`) and SFT validation's colocated engine.
+builds it, without a way to pass the setting) gets it from `fix_engine_sampler` as soon as TRL built it, in
+`TrlExtVLLMGeneration._init_vllm` (`trl_ext.grpo.vllm.generation`: the GRPO and expert-iteration trainers and SFT
+validation's colocated engine). `fix_engine_sampler` sets the sampler's flag, which its `forward_cpu` reads at every
+step; it replaces no method.
 benchmarks/bench_vllm_cpu_sampler.py measures what it costs in tokens/s.
 
 Imports nothing heavy: vLLM objects are only touched where they are passed in.
@@ -50,7 +52,7 @@ def sampler_server_args(vllm_args: Sequence[str]) -> list[str]:
 
 def engine_sampler(llm):
     """The `TopKTopPSampler` of an in-process `vllm.LLM` (colocated with `distributed_executor_backend=
-    "external_launcher"`, or `VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+    "external_launcher"`, or `VLLM_ENABLE_V1_MULTIPROCESSING=0`), or of the engine a `RecordingEngine` holds."""
     executor = llm.llm_engine.model_executor
     worker = executor.driver_worker
     runner = getattr(worker, "model_runner", None) or worker.worker.model_runner

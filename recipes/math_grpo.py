@@ -1,7 +1,7 @@
 """MATH with GRPO (NYU Assignment 3, NLPDL HW3 and CS336 A5, and CS336 A5's r1_zero vs question_only prompt ablation;
 `recipes/math/*.yaml`).
 
-    accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/math.py \\
+    accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/math_grpo.py \\
         --config recipes/math/r1_zero.yaml [--flag value ...]
 
 `--help` lists every recipe field. Steps: parse the recipe (YAML `base:` chain, then flags) -> MATH problems
@@ -10,13 +10,6 @@ validation.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes import run_grpo_recipe
 
