@@ -472,3 +472,44 @@ def test_response_entropy_equals_a_plain_per_row_forward():
     # an untrained model answers nothing right: every response is an incorrect one
     assert stats["accuracy"] == 0 and stats["correct_length"] is None
     assert stats["incorrect_length"] == stats["mean_length"]
+
+
+def test_static_cache_scoring_carries_the_sampled_responses_statistics():
+    """With the static cache, `heldout.evaluate`'s `response` is the statistics of the very samples the sampled
+    accuracy scores: their lengths through EOS, their correctness, and the entropy a separate forward over them
+    gives (so a wrong row order, a length cut at the wrong token or an entropy of another distribution shows)."""
+    import torch
+
+    from trl_ext.evaluation.transformers_backend import generate_transformers
+    from trl_ext.rewards import countdown_reward_components
+    from trl_ext.tasks import compact_prompt
+    from trl_ext.testbed.heldout import EVAL_SAMPLING_SEED, evaluate, response_entropy
+    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer(demo.DEMO_CHARS, model_max_length=64)
+    model = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, intermediate_size=64, seed=3).eval()
+    with torch.no_grad():  # the EOS logit raised so that lengths vary
+        model.get_input_embeddings().weight[tokenizer.eos_token_id] *= 4
+    problems = [{"nums": [1, 2, 3], "target": 6}, {"nums": [10, 4, 7], "target": 21}, {"nums": [9, 1], "target": 8}]
+    got = evaluate(model, tokenizer, problems, 3, 8, static_cache=True)
+    prompts = [compact_prompt(p["nums"], p["target"]) for p in problems]
+    samples = generate_transformers(
+        model, tokenizer, prompts, n=3, max_new_tokens=8, temperature=1.0, seed=EVAL_SAMPLING_SEED, stop=(),
+        static_cache=True,
+    )  # fmt: skip
+    responses = [s.token_ids for row in samples for s in row]  # problem-major, 3 per problem
+    assert len({len(r) for r in responses}) >= 2, responses
+    correct = [
+        countdown_reward_components(tokenizer.decode(r, skip_special_tokens=True), p, require_all=True)[
+            "answer_reward"
+        ]
+        == 1.0
+        for p, r in zip([p for p in problems for _ in range(3)], responses, strict=True)
+    ]
+    stats = got["response"]
+    assert stats["mean_length"] == pytest.approx(sum(map(len, responses)) / 9, rel=1e-12)
+    assert stats["accuracy"] == sum(correct) / 9 == got["sampled_accuracy"]
+    wrong = [len(r) for r, c in zip(responses, correct, strict=True) if not c]
+    assert stats["incorrect_length"] == pytest.approx(sum(wrong) / len(wrong), rel=1e-12)
+    expected = response_entropy(model, tokenizer, [p for p in prompts for _ in range(3)], responses)
+    assert stats["entropy"] == pytest.approx(expected, rel=1e-5)

@@ -178,10 +178,10 @@ def _sample_static_cache(model, tokenizer, prompts, chunk, n, max_new_tokens, eo
     with torch.no_grad(), checkpoint_sampling_off(model):
         out = sample_static_cache(
             model, [i for i in ids for _ in range(n)], max_new_tokens, eos, tokenizer.pad_token_id,
-            temperature=temperature, top_p=top_p, with_logprobs=True,
+            temperature=temperature, top_p=top_p, with_logprobs=True, with_entropies=True,
         )  # fmt: skip
-    for row, (tokens, logprobs) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
-        result[chunk[row // n]][row % n] = Sample(token_ids=tokens, logprobs=logprobs)
+    for row, (tokens, logprobs, entropies) in enumerate(zip(out.token_ids, out.logprobs, out.entropies, strict=True)):
+        result[chunk[row // n]][row % n] = Sample(token_ids=tokens, logprobs=logprobs, entropies=entropies)
 
 
 def _shared_prefill(model, ids, mask, n: int):

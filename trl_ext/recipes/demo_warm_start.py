@@ -9,9 +9,12 @@ on the CPU testbed (`trl_ext.testbed`, which the demo shares).
   reorders them (the same sampling seed, another data order);
 - the validation: the testbed's held-out problems (`eval_limit`: the first N of the 512) scored by
   `trl_ext.testbed.heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at
-  temperature 1) and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the
-  correct and of the incorrect responses, in tokens), at step 0, every `eval_steps` and after the last step
-  (`final_eval`); sampled as the rollouts are (through `trl_ext.static_cache` with `static_cache_generation`).
+  temperature 1) and the responses' entropy, mean length, mean length of the correct and of the incorrect
+  responses (in tokens), at step 0, every `eval_steps` and after the last step (`final_eval`); sampled as the
+  rollouts are. With `static_cache_generation` the sampling goes through `trl_ext.static_cache`, which gives each
+  token's entropy as it samples, so the response statistics are those of the `num_generations_eval` samples per
+  problem that the sampled accuracy scores (no sampling or forward of their own); otherwise (or with
+  `num_generations_eval: 0`) `heldout.response_stats` draws one sample per problem for them.
   The numbers go into the trainer's log history as `heldout/<name>` (trainer_state.json), where `trl-ext study
   report` and `trl-ext plot` read them; TRL's own evaluation does not run.
 
@@ -158,7 +161,7 @@ def heldout_numbers(
 
     started, cpu = time.perf_counter(), time.process_time()
     scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens, static_cache)
-    stats = response_stats(model, tokenizer, problems, max_new_tokens, static_cache)
+    stats = scores.get("response") or response_stats(model, tokenizer, problems, max_new_tokens, static_cache)
     out = {"greedy_accuracy": scores["greedy_accuracy"]}
     if num_samples:
         out["sampled_accuracy"] = scores["sampled_accuracy"]

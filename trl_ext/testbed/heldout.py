@@ -20,14 +20,16 @@ def evaluate(
 
     Generation, cutting at EOS, scoring and pass@k are `trl_ext.evaluation.evaluate_model`'s; this
     adds the compact prompts and keeps the per-problem results. `static_cache`: sample through
-    `trl_ext.static_cache` instead of `generate` (the same distributions, a fraction of the CPU).
+    `trl_ext.static_cache` instead of `generate` (the same distributions, a fraction of the CPU); the sampler gives
+    each token's entropy as it samples, so the sampled responses' statistics come with them (`response`).
 
     Returns:
         `greedy_accuracy`, `greedy_reward` (mean training reward: 1 correct, 0.1 tagged but wrong, 0 untagged),
         `greedy_tagged` (share of greedy answers in tags), `greedy_correct` (per problem, 0/1);
         with `num_samples > 0` also `sampled_accuracy` (mean over `num_samples` samples per problem at temperature
         1, no top-k / top-p), `sampled_reward`, `sampled_correct` (per problem, 0..num_samples) and
-        `pass@<num_samples>`;
+        `pass@<num_samples>`, and with `static_cache` `response`: `response_stats`' numbers over these
+        `num_samples` responses per problem;
         `examples` (a few greedy prompt / completion pairs) and `seconds`.
     """
     from trl_ext.evaluation import evaluate_model, ground_truth_of
@@ -58,11 +60,15 @@ def evaluate(
         "examples": [[r["prompt"], r["response"]] for r in records[:3]],
     }
     if num_samples:
-        summary, records = evaluate_model(
+        summary, records, samples = evaluate_model(
             model, tokenizer, prompts, truths, n=num_samples, temperature=1.0, seed=EVAL_SAMPLING_SEED,
-            ns=(num_samples,), **common,
+            ns=(num_samples,), with_samples=True, **common,
         )  # fmt: skip
         hits = [int(r["answer_reward"] == 1.0) for r in records]  # problem-major, num_samples per problem
+        if static_cache:  # the sampler stops at EOS: each sample is the scored response, entropies included
+            entropies = [s.entropies for row in samples for s in row]
+            entropy = sum(map(sum, entropies)) / sum(map(len, entropies))
+            result["response"] = _stats([len(e) for e in entropies], hits, entropy)
         result["sampled_accuracy"] = summary["accuracy"]
         result["sampled_reward"] = summary["mean_reward"]
         result["sampled_correct"] = [sum(hits[i : i + num_samples]) for i in range(0, len(hits), num_samples)]
@@ -130,12 +136,17 @@ def response_stats(model, tokenizer, problems: list[dict], max_new_tokens: int, 
         for p, r in zip(problems, responses, strict=True)
     ]  # fmt: skip
     model.train(was_training)
-    right = [len(r) for r, c in zip(responses, correct, strict=True) if c]
-    wrong = [len(r) for r, c in zip(responses, correct, strict=True) if not c]
+    return _stats([len(r) for r in responses], correct, entropy)
+
+
+def _stats(lengths: list[int], correct: list, entropy: float) -> dict:
+    """`response_stats`' numbers from each response's length (tokens through EOS) and correctness."""
+    right = [n for n, c in zip(lengths, correct, strict=True) if c]
+    wrong = [n for n, c in zip(lengths, correct, strict=True) if not c]
     return {
         "entropy": entropy,
-        "mean_length": sum(map(len, responses)) / len(responses),
-        "accuracy": sum(correct) / len(correct),
+        "mean_length": sum(lengths) / len(lengths),
+        "accuracy": sum(map(bool, correct)) / len(correct),
         "correct_length": sum(right) / len(right) if right else None,
         "incorrect_length": sum(wrong) / len(wrong) if wrong else None,
     }
