@@ -57,6 +57,10 @@ def test_study_file_runs_and_their_arguments(tmp_path):
         "--config", "recipes/countdown/cpu_tiny.yaml", "--learning_rate", "3e-5",
         "--output_dir", str(run.output_dir), "--seed", "1", "--resume", "true",
     ]  # fmt: skip
+    # the study's args go to every arm, before the arm's own (a later flag wins in the recipe CLI)
+    study = load_study(_write(tmp_path, BASE + "args: --n_grpo_steps 7 --learning_rate 1e-4\n"), root=tmp_path)
+    assert study.arm("a").args == ("--n_grpo_steps", "7", "--learning_rate", "1e-4")
+    assert study.arm("b").args == ("--n_grpo_steps", "7", "--learning_rate", "1e-4", "--learning_rate", "3e-5")
 
 
 @pytest.mark.parametrize(
@@ -68,6 +72,7 @@ def test_study_file_runs_and_their_arguments(tmp_path):
         (("name: s", "name: s\nmetric: x"), "unknown field(s) metric"),
         (("cpu_tiny.yaml}\n  b", "nope.yaml}\n  b"), "arms.a.recipe: recipes/countdown/nope.yaml not found"),
         (("--learning_rate 3e-5", "--seed 3"), "arms.b.args: --seed is set by the study"),
+        (("name: s", "name: s\nargs: --output_dir x"), "study.yaml: args: --output_dir is set by the study"),
         (("{recipe: recipes/countdown/cpu_tiny.yaml}", "{recipe: recipes/countdown/cpu_tiny.yaml, gpus: 2}"),
          "arms.a: unknown field(s) gpus"),
         (("accelerate_config: accelerate_configs/cpu.yaml\n", ""), "arms.a: no accelerate_config"),
