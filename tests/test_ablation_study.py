@@ -26,9 +26,10 @@ T_975_1 = 12.706204736  # Student t, 97.5% quantile, 1 degree of freedom (tables
 
 
 def reduced_study() -> str:
-    """The shipped working atlas with `ARMS` only, seeds 0 and 1, `ARGS` after each arm's own, its claims on them."""
+    """The shipped working atlas with `ARMS` only, seeds 0 and 1, `ARGS` for its sizes, its claims on them."""
     study = yaml.safe_load((ROOT / "recipes/studies/cpu_ablations_working.yaml").read_text())
     study["name"], study["seeds"] = "e2e", [0, 1]
+    study.pop("args")  # the atlas's sizes: ARGS replaces them
     study["arms"] = {name: {**study["arms"][name], "args": ARGS} for name in ARMS}
     study["claims"] = [c for c in study["claims"] if c["arm"] in ARMS and c["baseline"] in ARMS]
     assert len(study["claims"]) == 2  # Dr.GRPO's length claim and its accuracy parity
