@@ -291,6 +291,7 @@ def test_report_judges_the_claims_from_the_logged_values(tmp_path):
     markdown = out.with_suffix(".md").read_text()
     row = "| longer | `a` - `b`, heldout/incorrect_length (last) | > 0 | 2.333 [1.616, 3.05] (3) | **shown** | - |"
     assert row in markdown and f"**cannot tell** | {faster['seeds_to_decide']} |" in markdown
+    assert "`b` - `a`, heldout/greedy_accuracy (last) | within +-0.05 |" in markdown  # the band, both signs
     assert "![per arm](ablations_arms.png)" in markdown
     assert (out.parent / "ablations_arms.png").stat().st_size > 0
 

@@ -265,7 +265,9 @@ def render_claims(claims: list[dict]) -> list[str]:
     ]
     for c in claims:
         value = "curve mean" if c["value"] == "mean" else "last"
-        claimed = _SIGN[c["direction"]].format(m=_fmt(c["margin"])).replace("-0", "0")
+        claimed = _SIGN[c["direction"]].format(m=_fmt(c["margin"]))
+        if not c["margin"]:  # no margin: "> 0" / "< 0", not "< -0"
+            claimed = claimed.replace("-0", "0")
         if c["low"] is not None:
             diff = f"{_fmt(c['mean'])} [{_fmt(c['low'])}, {_fmt(c['high'])}] ({c['n']})"
         else:
