@@ -46,6 +46,9 @@ so neither side works during it, while the ideal counts it as training: the best
 is `push_bound_speedup` = sync step / (max(generation, training - push) + push), below the ideal when generation is
 the slower side or even (on this toy model the push is about a sixth of a generation).
 
+The machine's load during the whole run is recorded (`load`, benchmarks/_load.py); a loaded machine's figures are
+written only with `--loaded`, and marked so.
+
     python benchmarks/bench_async.py                 # the measurement (15 runs; 4,129 s on 2 cores at load 5-10)
     python benchmarks/bench_async.py --batches 96,128 --seeds 0,1,2   # both settings, 3 seeds
     python benchmarks/bench_async.py --quick         # a dry run of every phase at toy size (writes WORK/async.json)

@@ -11,6 +11,9 @@ flipped every repeat (ABBA), the first step of each run is warm-up and excluded.
 (per-step CPU time of the training process, robust to other jobs on a shared CPU; wall time is recorded too) and the
 median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results/trainer.json.
 
+The machine's load during the runs is recorded (`load`, benchmarks/_load.py) in both result files; a loaded
+machine's figures are written only with `--loaded`, and marked so.
+
     python benchmarks/bench_trainer.py                # 12 runs + 2 paired, 5-10 minutes on 2 busy CPU cores
     python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
 
