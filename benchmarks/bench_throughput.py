@@ -33,7 +33,7 @@ torch thread.
 The machine's load is recorded (`load`, benchmarks/_load.py); a loaded machine's figures are written only with
 `--loaded` and marked so. Writes benchmarks/results/throughput.json (`--out`).
 
-    python benchmarks/bench_throughput.py                   # all four parts (about 10 CPU minutes)
+    python benchmarks/bench_throughput.py                   # all four parts (a few CPU minutes)
     python benchmarks/bench_throughput.py --skip-paths      # parts 1-3 only
     python benchmarks/bench_throughput.py --quick --loaded  # a dry run at toy size (writes WORK/throughput.json)
 """
