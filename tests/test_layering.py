@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "tiny", "assets", "host", "vllm_cpu", "lazy"),
+    ("objectives", "rewards", "passk", "run_logs", "run_status", "tiny", "assets", "host", "vllm_cpu", "lazy"),
     ("preflight", "tasks", "plotting"),
     ("grpo", "evaluation"),
     ("expert_iteration",),
