@@ -56,7 +56,8 @@ _LAZY = {
         "trl_ext.launch.planning",
     ),
     **dict.fromkeys(
-        ("ServerProcess", "check_port_free", "run_launch", "stop_process_group"), "trl_ext.launch.supervision"
+        ("ServerProcess", "check_port_free", "run_launch", "stop_process_group", "stop_process_groups"),
+        "trl_ext.launch.supervision",
     ),
 }
 
@@ -81,6 +82,7 @@ __all__ = [
     "server_parallelism",
     "split_gpus",
     "stop_process_group",
+    "stop_process_groups",
     "tensor_parallel_sizes",
     "trainer_command",
 ]
