@@ -168,6 +168,40 @@ def plan_study(
     return plans, where
 
 
+#: The node a GPU run is planned on for `--slurm` when the study states no `slurm.gpus_per_node`: the run's need
+#: from that plan (its highest GPU position, plus one) is what its tasks ask for, whatever GPUs the submitting
+#: machine (a login node, often without any) has.
+PLANNING_GPUS = 8
+
+
+def plan_slurm(study: Study, runs: list[Run] | None = None, check_packages: bool = True) -> list[RunPlan]:
+    """Every run planned by the launcher for a Slurm task: a GPU run (an accelerate config without `use_cpu`) on a
+    node of `slurm.gpus_per_node` GPUs (else `PLANNING_GPUS`), a CPU run on `cores_per_run` cores. Nothing of the
+    submitting machine's GPUs enters the plan.
+
+    Raises:
+        StudyError: a run the launcher refuses, or one that needs more GPUs than `slurm.gpus_per_node`.
+    """
+    all_runs = study.runs()
+    runs = all_runs if runs is None else runs
+    stated = study.slurm.get("gpus_per_node")
+    plans = []
+    for run in runs:
+        try:
+            cpu = read_accelerate_config(run.arm.accelerate_config).use_cpu
+        except LaunchError as exc:
+            raise StudyError(f"run {run.name}: {exc}") from None
+        node = list(range(study.cores_per_run)) if cpu else [str(i) for i in range(stated or PLANNING_GPUS)]
+        plan = plan_run(study, run, all_runs.index(run), node, not cpu, check_packages)
+        if not cpu and plan.need > len(node):
+            raise StudyError(
+                f"run {run.name}: needs {plan.need} GPU(s) per node, slurm.gpus_per_node is {stated}; raise it"
+            )
+        plan.units = node[: plan.need]
+        plans.append(plan)
+    return plans
+
+
 def render_placement(study: Study, plans: list[RunPlan], where: str) -> str:
     """What `--dry-run` prints: each run's GPUs or cores, its wave (with runs of equal length), its command."""
     unit = "GPUs" if plans and plans[0].gpu else "cores"
