@@ -10,7 +10,7 @@ TORCH_CPU ?= torch==2.13.0
 # NVIDIA driver >= 580; the install refuses an older driver first, with the fix (SKIP_DRIVER_CHECK=1 skips it).
 TORCH_CUDA ?= 13.0
 # Every shipped recipe's needs: vLLM (server and colocate modes), DeepSpeed (zero2 / zero3.yaml), bitsandbytes
-# (8-bit AdamW of gsm8k/seed004_24gb.yaml).
+# (8-bit AdamW of gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml).
 GPU_EXTRAS ?= dev,vllm,deepspeed,bitsandbytes
 PYTEST_ARGS ?=
 DEMO_ARGS ?=

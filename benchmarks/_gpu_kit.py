@@ -2,7 +2,7 @@
 on one H100 (benchmarks/_gpu_plan.py), a runner that keeps the whole run inside a time budget and records each part's
 result, failure or skip in the JSON as soon as the part ends, the wheels' install and the size of what is copied.
 
-A GPU borrowed for a few minutes is enough (a GPU machine without internet: the repository and its wheels, under 64
+A few minutes on one GPU are enough (a GPU machine without internet: the repository and its wheels, under 64
 MiB, are all it gets), so the default run gives its numbers in one command within `BUDGET_S` (480 s), set-up
 included: before each part the
 runner compares the part's expected seconds with what is left and skips it with a message (run it alone with
@@ -44,7 +44,7 @@ WHEELS = {
     "antlr4-python3-runtime==4.13.2": 144_462,
     "dill==0.4.1": 120_019,
     "multiprocess==0.70.19": 150_281,
-    "bitsandbytes==0.50.2": 43_139_553,  # seed 004's 8-bit AdamW
+    "bitsandbytes==0.50.2": 43_139_553,  # the GSM8K report's 8-bit AdamW
 }
 DOWNLOAD = (
     "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "

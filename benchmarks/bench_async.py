@@ -1,5 +1,5 @@
 """Synchronous vs asynchronous GRPO in the CPU server layout, side by side in one run: time per step, each side's idle
-share, and held-out accuracy and training reward after the same number of samples, across seeds (issues 30, 41).
+share, and held-out accuracy and training reward after the same number of samples, across seeds.
 
 The layout: a real `trl vllm-serve` (vLLM's CPU build, gloo weight transfer, `trl_ext.grpo.weight_sync`) pinned
 to core 0, the trainer pinned to core 1, so the two sides are two devices. The task and model are the embedded
@@ -46,7 +46,7 @@ so neither side works during it, while the ideal counts it as training: the best
 is `push_bound_speedup` = sync step / (max(generation, training - push) + push), below the ideal when generation is
 the slower side or even (on this toy model the push is about a sixth of a generation).
 
-    python benchmarks/bench_async.py                 # the measurement (15 runs; 4,129 s on the loaded 2-core machine)
+    python benchmarks/bench_async.py                 # the measurement (15 runs; 4,129 s on 2 cores at load 5-10)
     python benchmarks/bench_async.py --batches 96,128 --seeds 0,1,2   # both settings, 3 seeds
     python benchmarks/bench_async.py --quick         # a dry run of every phase at toy size (writes WORK/async.json)
 """

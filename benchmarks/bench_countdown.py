@@ -36,10 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "countdown_vs_tinyzero.json"
 GOAL_RATIO = 1.5
 PREAMBLE = (
@@ -75,7 +75,7 @@ def _problems() -> list[tuple[list[int], int]]:
 
     problems = []
     for split in ("test", "dev"):
-        frame = pq.read_table(SHARED / "countdown" / f"{split}.parquet", columns=["nums", "target"]).to_pandas()
+        frame = pq.read_table(DATA / "countdown" / f"{split}.parquet", columns=["nums", "target"]).to_pandas()
         problems += [([int(n) for n in row.nums], int(row.target)) for row in frame.itertuples()]
     return problems
 
@@ -249,8 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=11, help="alternating timed passes per arm")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     sys.path.insert(0, str(ROOT))

@@ -8,10 +8,10 @@ Runs `python -m trl_ext.demo` in subprocesses, one at a time:
 4. GRPO with `--dynamic_sampling` for M steps, M = N x (plain GRPO CPU seconds / dynamic CPU seconds of step 3),
    so that it spends the plain run's CPU budget.
 
-Every run uses the same seed, the same held-out problems and the demo's own evaluation (greedy accuracy, and the
-mean accuracy of `eval_samples` samples per problem at temperature 1). Times are the demo's GRPO-phase wall and CPU
-seconds; on a machine shared with other jobs they are noisy (say so when quoting them). Prints a table and writes
-benchmarks/results/dynamic_sampling.json.
+Every run uses the same seed, the same held-out problems and the demo's own evaluation (greedy accuracy, and the mean
+accuracy of `eval_samples` samples per problem at temperature 1). Times are the demo's GRPO-phase wall and CPU seconds;
+on a CPU shared with other jobs they are noisy (the JSON records the load average: quote it with them). Prints a table
+and writes benchmarks/results/dynamic_sampling.json.
 
     python benchmarks/bench_dynamic_sampling.py                          # 400 plain steps, seeds 0 and 1
     python benchmarks/bench_dynamic_sampling.py --grpo_steps 100 --seeds 0 --threads 1

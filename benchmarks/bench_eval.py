@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "eval.json"
 FALLBACK_QUESTION = "A farmer has 12 cows and buys 7 more. Each cow gives 3 liters of milk. How many liters in total?"
 
@@ -40,7 +40,7 @@ FALLBACK_QUESTION = "A farmer has 12 cows and buys 7 more. Each cow gives 3 lite
 def prompts(tokenizer, count: int) -> list[str]:
     from trl_ext.tasks import format_prompt
 
-    path = SHARED / "gsm8k" / "test.jsonl"
+    path = DATA / "gsm8k" / "test.jsonl"
     if path.exists():
         with open(path) as f:
             questions = [json.loads(line)["question"] for _, line in zip(range(count), f, strict=False)]
@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="model dir (default: the cached SmolLM2, fetched if absent)")
     args = parser.parse_args()
+    print(describe())
 
     import torch
 

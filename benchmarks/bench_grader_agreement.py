@@ -1,7 +1,7 @@
 """How often `trl_ext.rewards.math` agrees with the course's `drgrpo_grader` (CS336 A5), on real answers.
 
 trl_ext's MATH / GSM8K grader is its own (normalisation, exact rationals, then math-verify in a worker pool); the
-seeds say to grade with the course's `r1_zero_reward_fn` / `question_only_reward_fn`. The course's file is not part
+courses say to grade with the course's `r1_zero_reward_fn` / `question_only_reward_fn`. The course's file is not part
 of this project: pass its path, it is imported from there (it needs `sympy`, `pylatexenc`, `latex2sympy2_extended`
 and `math-verify`).
 
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 from trl_ext.rewards.math import extract_gsm8k_answer, question_only_reward_fn, r1_zero_reward_fn
 
@@ -108,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--course-grader", type=Path, required=True, help="path of the course's drgrpo_grader.py")
     parser.add_argument("--slow", action="store_true", help="the course's fast=False (adds its math-verify pass)")
     parser.add_argument("--show", type=int, default=40, help="disagreeing rows printed per set (default 40)")
-    parser.add_argument("--data", type=Path, default=None, help="data folder (default: _data.data_dir())")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="data folder laid out as tests/data (default: $TRL_EXT_DATA, else tests/data)",
+    )
     args = parser.parse_args(argv)
     course = load_course_grader(args.course_grader)
     ours = {"r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn}
     theirs = {"r1_zero": course.r1_zero_reward_fn, "question_only": course.question_only_reward_fn}
     root = args.data or data_dir()
-    print(f"data: {root}; course grader fast={not args.slow}")
+    print(f"data: {root} (--data)" if args.data else describe())
+    print(f"course grader fast={not args.slow}")
     total = total_agree = 0
     for name, rows in build_sets(root).items():
         start = time.perf_counter()

@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "grading_stall.json"
 BATCH = 512
 BOMB_FRACTION = 0.05
@@ -53,7 +53,7 @@ BOMBS = [
 
 
 def _batch(rng: random.Random) -> tuple[list[str], list[str]]:
-    with open(SHARED / "math" / "math500_test.jsonl") as handle:
+    with open(DATA / "math" / "math500_test.jsonl") as handle:
         answers = [json.loads(line)["answer"] for line in handle]
     completions, golds = [], []
     for _ in range(BATCH):
@@ -130,8 +130,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating passes per arm")
     parser.add_argument("--workers", type=int, default=None, help="pool size (default: from the CPU count)")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     sys.path.insert(0, str(ROOT))
     from trl_ext.rewards.grading_pool import DEFAULT_WORKERS
     from trl_ext.rewards.math import GRADE_TIMEOUT_S

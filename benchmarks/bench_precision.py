@@ -4,11 +4,11 @@ Modes (docs/gpu.md):
 
 - `fp32_master`: fp32 weights and AdamW states, the forward multiplying with their bf16 cast (autocast); what the
   GPU recipes train with (`dtype: float32`, `bf16: true`), and what DeepSpeed's bf16 mode does with its fp32 master.
-- `pure_bf16`: bf16 weights, gradients and AdamW states (`dtype: bfloat16` without DeepSpeed: the seeds' setting
+- `pure_bf16`: bf16 weights, gradients and AdamW states (`dtype: bfloat16` without DeepSpeed: the courses' setting
   and the `*_pure_bf16.yaml` recipes).
 
-Weights, all starting from the same bf16-representable values (checkpoints ship in bf16): (a) the toy of issue #11,
-a 2048 x 2048 matrix with std 0.02; (b) Qwen3-1.7B's decoder-layer tensors with their real shapes from its config
+Weights, all starting from the same bf16-representable values (checkpoints ship in bf16): (a) a toy
+2048 x 2048 matrix with std 0.02; (b) Qwen3-1.7B's decoder-layer tensors with their real shapes from its config
 (hidden 2048, 16 heads, 8 KV heads, head_dim 128, intermediate 6144) at transformers' initialisation (linear weights
 N(0, 0.02), RMSNorm weights 1.0); entries are iid at initialisation, so the first `--rows` output rows of each linear
 layer stand for the whole matrix. Gradients: fresh N(0, 1) every step (seeded), clipped to the recipe's
@@ -19,7 +19,8 @@ Reported after each of `--steps`, per mode and tensor group: the share of entrie
 share whose bf16 view (what the forward sees) changed, and how much of the fp64 reference's displacement
 `||w_k - w_0||` the mode realised (1.0: the update arrived whole) and its distance from the reference, relative to
 that displacement. Memory: `trl_ext.preflight.estimate_memory` for Qwen3-1.7B, numbers from its config, on the
-seed-000 Dr.GRPO L256 recipe (one training GPU, vLLM server mode). CPU only; writes benchmarks/results/precision.json.
+Assignment 2 Dr.GRPO L256 recipe (one training GPU, vLLM server mode). CPU only; writes
+benchmarks/results/precision.json.
 
     python benchmarks/bench_precision.py                  # 2-13 minutes on 2 cores (fp64 reference, 100 steps)
     python benchmarks/bench_precision.py --steps 1,5,20,100 --rows 128
@@ -36,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "precision.json"
-RECIPE = ROOT / "recipes" / "countdown" / "seed000_drgrpo_l256.yaml"
+RECIPE = ROOT / "recipes" / "countdown" / "qwen3_1.7b_drgrpo_l256.yaml"
 MODEL = "Qwen/Qwen3-1.7B"
 MODES = ("fp32_master", "pure_bf16")
 
@@ -132,7 +133,7 @@ def measure(init: dict, trajectory: dict, reference: dict, steps: list[int]) -> 
 
 
 def memory_rows() -> list[dict]:
-    """Peak-memory estimate of the seed-000 Dr.GRPO L256 recipe on one GPU for each precision / optimizer."""
+    """Peak-memory estimate of the Assignment 2 Dr.GRPO L256 recipe on one GPU for each precision / optimizer."""
     from trl_ext.preflight import TrainingSetup, estimate_memory, load_model_shape
 
     shape, source = load_model_shape(MODEL)
@@ -208,7 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{group:26s} {step:5d} {mode:12s} {row['changed']:8.1%} {row['bf16_view_changed']:9.1%} "
                     f"{row['displacement_vs_fp64']:10.3f} {row['error_vs_fp64']:9.3f}"
                 )
-    print(f"\nmemory, {MODEL} on recipes/countdown/seed000_drgrpo_l256.yaml (one training GPU, vLLM server mode), GiB")
+    print(
+        f"\nmemory, {MODEL} on recipes/countdown/qwen3_1.7b_drgrpo_l256.yaml (one training GPU, vLLM server mode), GiB"
+    )
     for row in report["memory_qwen3_1_7b"]:
         print(
             f"  {row['mode']:46s} weights {row['weights_gib']:5.2f}  gradients {row['gradients_gib']:5.2f}  "

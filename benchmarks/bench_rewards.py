@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "rewards.json"
 GOAL_PER_S = 50_000
 PREAMBLE = (
@@ -50,7 +50,7 @@ def _countdown_completions(rng: random.Random, limit: int | None) -> tuple[list[
 
     from trl_ext.tasks.countdown import solve_countdown
 
-    frame = pq.read_table(SHARED / "countdown" / "dev.parquet", columns=["nums", "target"]).to_pandas()
+    frame = pq.read_table(DATA / "countdown" / "dev.parquet", columns=["nums", "target"]).to_pandas()
     if limit:
         frame = frame.head(limit)
     texts, nums, targets = [], [], []
@@ -133,7 +133,7 @@ def _math_pairs() -> list[tuple[str, str, bool]]:
 
     from trl_ext.rewards.math import _as_number, normalize_answer
 
-    with open(SHARED / "math" / "math500_test.jsonl") as handle:
+    with open(DATA / "math" / "math500_test.jsonl") as handle:
         answers = [json.loads(line)["answer"] for line in handle]
     pairs = []
     for i, gold in enumerate(answers):
@@ -195,8 +195,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over the Countdown completions")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N Countdown dev problems")
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"reference data not found: {SHARED} (set TRL_EXT_SHARED_DATA)")
+    print(describe())
     if hasattr(os, "sched_setaffinity"):  # one core, as the goal is stated
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     sys.path.insert(0, str(ROOT))

@@ -23,10 +23,10 @@ import statistics
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "skip.json"
 PROMPTS = [
     "Using the numbers 3, 5 and 7, make 22.",
@@ -54,7 +54,7 @@ def build(args, output_dir: str):
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
     torch.set_num_threads(args.threads)
-    tok_dir = SHARED / "qwen3_tokenizer"
+    tok_dir = DATA / "qwen3_tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.exists() else build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
     config = AblationGRPOConfig(
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--zero-groups", default="0,4,6", help="groups (of 8) whose advantages are set to 0")
     args = parser.parse_args()
+    print(describe())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import tempfile

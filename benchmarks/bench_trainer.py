@@ -14,7 +14,7 @@ median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results
     python benchmarks/bench_trainer.py                # 12 runs + 2 paired, 5-10 minutes on 2 busy CPU cores
     python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
 
-Padding-free (`--padding-free`, issue 24): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock, ours
+Padding-free (`--padding-free`): the grpo pair at per-device batch 2, 8 and 16, three trainers: stock, ours
 with `padding_free=True`, ours with `padding_free=False` (what remains is the compact LM head,
 `trl_ext.grpo.fused_head`), so the two effects separate. Completions are not generated (far too slow on the CPU at
 these lengths) but fed through TRL's `rollout_func` hook, identical for every trainer (`FixedRollouts`,
@@ -42,11 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-from _data import data_dir
+from _data import data_dir, describe
 from _fixed_rollouts import PF_COMPLETION, PF_PROMPT_TOKENS, FixedRollouts, id_reward
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = data_dir()
+DATA = data_dir()
 RESULTS = ROOT / "benchmarks" / "results" / "trainer.json"
 GOAL = 1.03
 PAIRS_AB = ("stock", "ours")
@@ -102,7 +102,7 @@ def build(impl: str, pair: str, args, output_dir: str, callbacks=None):
     from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
 
     torch.set_num_threads(args.threads)
-    tok_dir = SHARED / "qwen3_tokenizer"
+    tok_dir = DATA / "qwen3_tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.exists() else build_char_tokenizer()
     padding_free = args.padding_free  # the padding-free comparison's model, batches and fixed completions
     if padding_free:
@@ -319,7 +319,7 @@ def padding_free_main(args) -> None:
               f"{row['ours_compact_first_grad_norm_max_abs_diff']:.1e}")  # fmt: skip
 
     result = {
-        "benchmark": "padding_free (issue 24): AblationGRPOTrainer padding_free=True / padding_free=False vs "
+        "benchmark": "padding_free: AblationGRPOTrainer padding_free=True / padding_free=False vs "
         "trl.GRPOTrainer, grpo pair, fixed completions through rollout_func",
         "goal": f"ours_pf_step_time_ratio <= {PF_GOAL} at per-device batch 8, equal first-step loss and grad norm",
         "step_time_ratio_basis": "median per-step CPU time of the training process over the measured steps of all "
@@ -385,6 +385,7 @@ def main() -> None:
     if args.paired_worker:
         paired_worker(args)
         return
+    print(describe())
     if args.padding_free:
         padding_free_main(args)
         return

@@ -1,4 +1,5 @@
-"""What the CPU sampler fix (`trl_ext.vllm_cpu`: vLLM's `use_fp64_gumbel`, eager sampling) costs in tokens/s.
+"""What the CPU sampler fix (`trl_ext.grpo.vllm.cpu_sampler`: vLLM's `use_fp64_gumbel`, eager sampling) costs in
+tokens/s.
 
 One in-process engine (vLLM's CPU build, float32, eager model, the evaluation backend's CPU settings) generates the
 same sampled batch with the fix on and off in turn (the flag is read at every step), `--repeats` times each, and
@@ -44,7 +45,7 @@ def main() -> None:
 
     from trl_ext.evaluation.config import EvalConfig
     from trl_ext.evaluation.vllm_backend import vllm_engine_kwargs
-    from trl_ext.vllm_cpu import fix_engine_sampler
+    from trl_ext.grpo.vllm.cpu_sampler import fix_engine_sampler
 
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or default_model(Path(scratch))

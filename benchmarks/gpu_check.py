@@ -1,6 +1,6 @@
 """GPU check kit: our trainer against stock TRL on one H100, its key numbers in one command of at most 8 minutes.
 
-For a GPU borrowed for a few minutes (one H100). Everything is built offline and no vLLM is needed. Every timed step
+For a few minutes on one GPU (one H100). Everything is built offline and no vLLM is needed. Every timed step
 trains on fixed completions (benchmarks/_fixed_rollouts.py through TRL's `rollout_func`: no generation; each step's
 record shows one rollout call and no `generate` call), so the ours / stock ratios compare the training step. Models are
 random-init from the configs in `trl_ext.preflight.KNOWN_CONFIGS`, built on the GPU. The default run (`--plan` prints
@@ -8,7 +8,7 @@ it with the expected seconds of each part and how they were derived, benchmarks/
 part):
 
 - `precision_fp32_master`, `precision_pure_bf16`: Qwen3-1.7B's config trains `--steps` GRPO steps of
-  recipes/countdown/seed000_drgrpo_l256.yaml (parsed by the recipe parser, `--rollout` completions per step) in that
+  recipes/countdown/qwen3_1.7b_drgrpo_l256.yaml (parsed by the recipe parser, `--rollout` completions per step) in that
   precision mode (`fp32_master`: dtype float32 + bf16 autocast; `pure_bf16`: dtype bfloat16), with
   `AblationGRPOTrainer` and with stock `trl.GRPOTrainer` on the same config (loss_type dr_grpo, scale_rewards none),
   alternating which goes first. Per run: peak GPU memory (`torch.cuda.max_memory_allocated`), median step time after
@@ -18,7 +18,7 @@ part):
   pure bf16, gradient checkpointing, per-device batch 8 and 16 of bench_trainer's completion lengths (prompts
   100-150 tokens, completions log-normal median 250 clipped to [16, 1024]); sdpa, and flash-attention 2 when
   installed: step time and peak memory ratios, the first step's loss and grad norm of each.
-- `seed004`: recipes/gsm8k/seed004_24gb.yaml (Qwen2.5-1.5B-Instruct's config) under
+- `gsm8k_24gb`: recipes/gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml (Qwen2.5-1.5B-Instruct's config) under
   `torch.cuda.set_per_process_memory_fraction(24 GiB / total)`, one optimizer step at the recipe's batch sizes with
   every row at the longest prompt and `max_completion_length` (the rows the estimate assumes), measured peak against
   the preflight's estimate of the training phases (generation is not run, so its phase is not compared). 8-bit
@@ -84,8 +84,8 @@ from _gpu_runs import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED000 = ROOT / "recipes" / "countdown" / "seed000_drgrpo_l256.yaml"
-SEED004 = ROOT / "recipes" / "gsm8k" / "seed004_24gb.yaml"
+COUNTDOWN_L256 = ROOT / "recipes" / "countdown" / "qwen3_1.7b_drgrpo_l256.yaml"
+GSM8K_24GB = ROOT / "recipes" / "gsm8k" / "qwen2.5_1.5b_instruct_grpo_24gb.yaml"
 QWEN3, QWEN25 = "Qwen/Qwen3-1.7B", "Qwen/Qwen2.5-1.5B-Instruct"
 MODES = {"fp32_master": "float32", "pure_bf16": "bfloat16"}
 ADAMW = {"fp32_master": "adamw_fp32", "pure_bf16": "adamw_bf16"}
@@ -112,14 +112,14 @@ def _order(mode: str) -> tuple[str, str]:
 
 
 def precision_plan(mode: str, args) -> PartPlan:
-    shape, limit = shape_of(QWEN3), recipe_value(SEED000, "max_completion_length")
-    micro = recipe_value(SEED000, "per_device_train_batch_size")
+    shape, limit = shape_of(QWEN3), recipe_value(COUNTDOWN_L256, "max_completion_length")
+    micro = recipe_value(COUNTDOWN_L256, "per_device_train_batch_size")
     runs = tuple(
         training_run(kind, shape, args.rollout, PF_PROMPT_TOKENS[1] + limit, micro, args.steps, mode, ADAMW[mode])
         for kind in _order(mode)
     )
     note = (
-        f"ours, stock: seed000_drgrpo_l256, {args.rollout} completions/step padded to {PF_PROMPT_TOKENS[1]} + "
+        f"ours, stock: qwen3_1.7b_drgrpo_l256, {args.rollout} completions/step padded to {PF_PROMPT_TOKENS[1]} + "
         f"{limit} tokens, micro-batch {micro}, Qwen3-1.7B ({shape.params / 1e9:.2f}B), {mode}"
     )
     return PartPlan(note, runs)
@@ -132,11 +132,20 @@ def precision_run(mode: str, args, workdir: Path) -> dict:
     runs: dict = {}
     for kind, plan in zip(_order(mode), precision_plan(mode, args).runs, strict=True):
         run = functools.partial(
-            recipe_run, kind, SEED000, "countdown", QWEN3, MODES[mode], args, workdir, steps=args.steps, extra=extra
+            recipe_run,
+            kind,
+            COUNTDOWN_L256,
+            "countdown",
+            QWEN3,
+            MODES[mode],
+            args,
+            workdir,
+            steps=args.steps,
+            extra=extra,
         )
         runs[kind] = _run_or_record(f"{mode} {kind}", plan.seconds, args, run)
-    parsed, argv = recipe_args(SEED000, "countdown", QWEN3, str(workdir), args, args.steps, extra)
-    out = {**runs, **training_estimate("countdown", parsed, argv, SEED000, QWEN3, _gpu_gib())}
+    parsed, argv = recipe_args(COUNTDOWN_L256, "countdown", QWEN3, str(workdir), args, args.steps, extra)
+    out = {**runs, **training_estimate("countdown", parsed, argv, COUNTDOWN_L256, QWEN3, _gpu_gib())}
     ours, stock = runs["ours"], runs["stock"]
     if "median_step_s" in ours and "median_step_s" in stock:
         out["step_time_ratio_ours_over_stock"] = ours["median_step_s"] / stock["median_step_s"]
@@ -223,31 +232,34 @@ def padding_free_part(args, workdir: Path) -> dict:
     return out
 
 
-def seed004_plan(args) -> PartPlan:
-    shape, limit = shape_of(QWEN25), recipe_value(SEED004, "max_completion_length")
-    rows, micro = recipe_value(SEED004, "rollout_batch_size"), recipe_value(SEED004, "per_device_train_batch_size")
+def gsm8k_24gb_plan(args) -> PartPlan:
+    shape, limit = shape_of(QWEN25), recipe_value(GSM8K_24GB, "max_completion_length")
+    rows, micro = (
+        recipe_value(GSM8K_24GB, "rollout_batch_size"),
+        recipe_value(GSM8K_24GB, "per_device_train_batch_size"),
+    )
     width = task_prompt_tokens("gsm8k") + limit
     run = training_run("ours", shape, rows, width, micro, 1, "fp32_master", "adamw_8bit")
     note = f"ours, one step of {rows} rows x {width} tokens, micro-batch {micro}, fp32 master, 8-bit AdamW"
     return PartPlan(note, (run,))
 
 
-@part("seed004", expect=seed004_plan)
-def seed004_run(args, workdir: Path) -> dict:
-    """Seed 004's recipe under a 24 GiB cap against the preflight's estimate of the same setup."""
+@part("gsm8k_24gb", expect=gsm8k_24gb_plan)
+def gsm8k_24gb_run(args, workdir: Path) -> dict:
+    """The GSM8K report's recipe under a 24 GiB cap against the preflight's estimate of the same setup."""
     import torch
 
     extra = [] if _imports("bitsandbytes") else ["--optim", "adamw_torch_fused"]
     if args.smoke:
         extra += ["--rollout_batch_size", "8", "--train_batch_size", "8"]
-    parsed, argv = recipe_args(SEED004, "gsm8k", QWEN25, str(workdir / "seed004"), args, 1, extra)
-    estimate = training_estimate("gsm8k", parsed, argv, SEED004, QWEN25, args.cap_gib)
+    parsed, argv = recipe_args(GSM8K_24GB, "gsm8k", QWEN25, str(workdir / "gsm8k_24gb"), args, 1, extra)
+    estimate = training_estimate("gsm8k", parsed, argv, GSM8K_24GB, QWEN25, args.cap_gib)
     if torch.cuda.is_available():
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib / _gpu_gib()))
     prompt = (task_prompt_tokens("gsm8k"),) * 2
     try:
         result = recipe_run(
-            "ours", SEED004, "gsm8k", QWEN25, "float32", args, workdir, steps=1, extra=extra, all_at_limit=True,
+            "ours", GSM8K_24GB, "gsm8k", QWEN25, "float32", args, workdir, steps=1, extra=extra, all_at_limit=True,
             prompt_tokens=prompt,
         )  # fmt: skip
     except torch.OutOfMemoryError as err:
@@ -322,7 +334,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny config, a couple of steps (no GPU numbers).")
     parser.add_argument("--steps", type=int, default=5, help="GRPO steps per run (the first is not timed).")
     parser.add_argument("--rollout", type=int, default=64, help="Completions per rollout and per optimizer step.")
-    parser.add_argument("--cap-gib", type=float, default=24.0, help="Memory cap of the seed-004 run.")
+    parser.add_argument("--cap-gib", type=float, default=24.0, help="Memory cap of the the GSM8K report run.")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="Seconds the whole run may take.")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help="The JSON (default: %(default)s).")
     args = parser.parse_args(argv)
@@ -365,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     output = Path(args.output)
     report = {} if args.fresh or not output.is_file() else json.loads(output.read_text())
     report.update(
-        benchmark="ours vs stock TRL on fixed completions: precision modes, padding-free, seed004 under a memory cap",
+        benchmark="ours vs stock TRL on fixed completions: precision modes, padding-free, gsm8k_24gb under a cap",
         smoke=args.smoke,
         device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
         torch=torch.__version__,

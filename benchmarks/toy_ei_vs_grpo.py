@@ -1,4 +1,4 @@
-"""Expert iteration beside GRPO at toy scale on the real vLLM CPU engine, overlaid by validation step (issue 22).
+"""Expert iteration beside GRPO at toy scale on the real vLLM CPU engine, overlaid by validation step.
 
 Both runs go through the recipe entry points (`run_expert_iteration_recipe`, and `run_grpo_recipe("countdown")` as
 recipes/countdown.py runs it) on YAMLs written here, each in its own child process (vLLM pins the threads of the
@@ -16,13 +16,13 @@ process that hosts its engine and spawns workers):
   6 on-policy GRPO steps of 32 rollouts (8 questions x 4), one optimizer step each (micro-batch 8 x GA 4),
   lr 1e-2 constant.
 
-Then `trl_ext.plotting.plot_runs` draws both runs on one figure, against validation step and against rebuilt
+Then `trl_ext.reporting.plot.plot_runs` draws both runs on one figure, against validation step and against rebuilt
 wall-clock time (validation answer reward, validation entropy, validation response length), and the
 per-validation numbers go to a JSON.
 
     python benchmarks/toy_ei_vs_grpo.py            # runs/toy_ei_vs_grpo/{ei,grpo}, benchmarks/results/toy_ei_vs_grpo.*
 
-Times are of a machine shared with other jobs: at this scale they say little.
+Times at this scale say little (the JSON records the load average they were taken at).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def run_child(kind: str, config: Path, log: Path) -> float:
 def summarize(run_dir: Path, process_wall_s: float) -> dict:
     """Per validation (step 0 = at the start): answer reward, entropy, mean length; EI's kept counts; the rebuilt
     wall-clock split into validation and training (the times the trainer logged)."""
-    from trl_ext.run_logs import load_run, validation_steps, wall_clock
+    from trl_ext.reporting.run_logs import load_run, validation_steps, wall_clock
 
     history = json.loads((run_dir / "trainer_state.json").read_text())["log_history"]
     run = load_run(run_dir)
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     from conftest import shared_path
     from vllm_helpers import save_engine_model
 
-    from trl_ext.plotting import plot_runs
+    from trl_ext.reporting.plot import plot_runs
 
     out = Path(args.output_dir).resolve()
     for kind in RUNS:

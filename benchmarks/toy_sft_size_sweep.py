@@ -1,4 +1,4 @@
-"""Seed 001's SFT dataset-size sweep at toy scale, through the real SFT recipe (issue 22): validation accuracy and
+"""NYU Assignment 3's SFT dataset-size sweep at toy scale, through the real SFT recipe: validation accuracy and
 loss curves per dataset size on one figure.
 
 Each size runs `recipes/sft.py --config <toy>.yaml` in its own child process, where the toy YAML's `base:` is the
@@ -15,13 +15,13 @@ size recipe it stands for (recipes/sft/size_128 ... size_1024.yaml) and override
   transformers backend instead of vLLM: the 64 problems, greedy, up to 12 tokens, graded on the last `\\boxed{}`
   (question_only), eval_loss on the same 64 traces.
 
-Then `trl_ext.plotting.plot_runs` draws validation accuracy, training loss and validation loss against the optimizer
-step (one line per size), and the validation panels again against the validation step (the k-th validation is at
-k x 10% of each size's training), and the per-validation numbers go to a JSON.
+Then `trl_ext.reporting.plot.plot_runs` draws validation accuracy, training loss and validation loss against the
+optimizer step (one line per size), and the validation panels again against the validation step (the k-th validation is
+at k x 10% of each size's training), and the per-validation numbers go to a JSON.
 
     python benchmarks/toy_sft_size_sweep.py   # runs/toy_sft_size_sweep/n*, benchmarks/results/toy_sft_size_sweep.*
 
-Times are of a machine shared with other jobs: at this scale they say little.
+Times at this scale say little (the JSON records the load average they were taken at).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := [s for s in sizes if s not in SIZES]:
         parser.error(f"--sizes {unknown}: choose from {sorted(SIZES)}")
 
-    from trl_ext.plotting import plot_runs
+    from trl_ext.reporting.plot import plot_runs
 
     out = Path(args.output_dir).resolve()
     for size in sizes:

@@ -1,7 +1,7 @@
-"""Countdown with GRPO / Dr. GRPO and the seeds' ablations (`recipes/countdown/*.yaml`).
+"""Countdown with GRPO / Dr. GRPO and the courses' ablations (`recipes/countdown/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/countdown.py \\
-        --config recipes/countdown/seed000_grpo_l512.yaml [--flag value ...]
+        --config recipes/countdown/qwen3_1.7b_grpo_l512.yaml [--flag value ...]
 
 `--demo [demo flags]` runs the embedded CPU demo instead, `trl_ext.demo.main`: a tiny model that learns Countdown on
 a CPU, offline, in minutes (`make run`). Without `--config` and without `--demo`, the script runs the demo only
@@ -14,12 +14,7 @@ Steps: parse the recipe (YAML `base:` chain, then flags) -> Countdown problems (
 
 from __future__ import annotations
 
-import os
 import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes import run_grpo_recipe
 

@@ -1,5 +1,5 @@
-"""Expert iteration (CS336 A5) beside the GRPO recipes: `recipes/gsm8k/expert_iteration.yaml` (seed 002,
-Qwen3-0.6B) and `recipes/math/expert_iteration.yaml` (seed 003, Qwen2.5-Math-1.5B).
+"""Expert iteration (CS336 A5) beside the GRPO recipes: `recipes/gsm8k/expert_iteration.yaml` (NLPDL HW3,
+Qwen3-0.6B) and `recipes/math/expert_iteration.yaml` (CS336 A5, Qwen2.5-Math-1.5B).
 
     trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml \\
         recipes/expert_iteration.py --config recipes/math/expert_iteration.yaml [--flag value ...]
@@ -11,13 +11,6 @@ validation.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes.expert_iteration import run_expert_iteration_recipe
 

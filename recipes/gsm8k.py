@@ -1,4 +1,4 @@
-"""GSM8K with GRPO and the R1-Zero prompt (seed 002; `recipes/gsm8k/*.yaml`).
+"""GSM8K with GRPO and the R1-Zero prompt (NLPDL HW3; `recipes/gsm8k/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/gsm8k.py \\
         --config recipes/gsm8k/r1_zero.yaml [--flag value ...]
@@ -8,13 +8,6 @@
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes import run_grpo_recipe
 

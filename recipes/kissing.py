@@ -1,4 +1,4 @@
-"""Kissing configurations with GRPO (seed 002, section 7; `recipes/kissing/*.yaml`): the reward runs the policy's
+"""Kissing configurations with GRPO (NLPDL HW3, section 7; `recipes/kissing/*.yaml`): the reward runs the policy's
 programs in the sandbox and scores them with the exact verifier.
 
     accelerate launch --config_file accelerate_configs/vllm_server_gpu0_train_gpu1.yaml recipes/kissing.py \\
@@ -10,13 +10,6 @@ save -> validation.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes import run_grpo_recipe
 

@@ -1,4 +1,4 @@
-"""SFT on MATH reasoning traces with TRL's SFTTrainer (seed 001's dataset-size sweep; `recipes/sft/*.yaml`).
+"""SFT on MATH reasoning traces with TRL's SFTTrainer (NYU Assignment 3's dataset-size sweep; `recipes/sft/*.yaml`).
 
     accelerate launch --config_file accelerate_configs/single_gpu.yaml recipes/sft.py \\
         --config recipes/sft/size_512.yaml [--flag value ...]
@@ -9,13 +9,6 @@ on the assistant turn only) -> SFTTrainer -> train -> save -> validation loss.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# `python recipes/<x>.py` puts recipes/ first on sys.path, where recipes/math.py would shadow the standard `math`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
 
 from trl_ext.recipes import run_sft_recipe
 

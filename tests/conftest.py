@@ -17,12 +17,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The real-data subset the tests read ships in tests/data (its README gives provenance and licenses).
 TEST_DATA = Path(__file__).resolve().parent / "data"
-# A fuller copy with the same layout (e.g. ../shared/data) may be named here; what it lacks comes from tests/data.
-SHARED_DATA = Path(os.environ["TRL_EXT_SHARED_DATA"]) if os.environ.get("TRL_EXT_SHARED_DATA") else None
+# A fuller copy with the same layout may be named here; what it lacks comes from tests/data.
+SHARED_DATA = Path(os.environ["TRL_EXT_DATA"]) if os.environ.get("TRL_EXT_DATA") else None
 
 
 def shared_path(*parts: str) -> Path:
-    """Path of a reference data file: under `$TRL_EXT_SHARED_DATA` when set and present there, else under tests/data.
+    """Path of a reference data file: under `$TRL_EXT_DATA` when set and present there, else under tests/data.
 
     Raises:
         FileNotFoundError: the file is in neither place (a test reading a file nobody shipped must fail, not skip).

@@ -1,7 +1,9 @@
-"""Helpers shared by test modules: a free local port, a script run as the ranks of a process group, CPU DeepSpeed."""
+"""Helpers shared by test modules: a free local port, a script run as the ranks of a process group, CPU DeepSpeed, and
+the check that no method was replaced on a trainer's TRL / vLLM / DeepSpeed objects."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
@@ -92,3 +94,39 @@ def muon_uncompiled() -> None:
         import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     finally:
         compiler.compile = compile_
+
+
+def library_objects(trainer) -> dict[str, object]:
+    """The TRL / vLLM / DeepSpeed objects a trainer holds, by name: the trainer, its vLLM generation, the generation's
+    client (server mode, main process) and engine with its `llm_engine` (colocate; the engine behind trl_ext's
+    `RecordingEngine`), and DeepSpeed's communication backend when it runs."""
+    found = {"trainer": trainer}
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is not None:
+        found["vllm_generation"] = generation
+        if getattr(generation, "vllm_client", None) is not None:
+            found["vllm_client"] = generation.vllm_client
+        llm = getattr(generation, "llm", None)
+        if llm is not None:
+            found["llm"] = llm.engine if type(llm).__name__ == "RecordingEngine" else llm
+            found["llm_engine"] = found["llm"].llm_engine
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None and getattr(comm, "cdb", None) is not None:
+        found["deepspeed_comm"] = comm.cdb
+    return found
+
+
+def shadowed_methods(trainer) -> dict[str, list[str]]:
+    """Per object of `library_objects(trainer)`: the names of its instance attributes that shadow a method of its
+    class (a function, bound method or other callable the class defines), which is how a method replaced on a live
+    object shows. Empty lists when nothing was."""
+    shadowed = {}
+    for name, obj in library_objects(trainer).items():
+        cls = type(obj)
+        shadowed[name] = sorted(
+            attr
+            for attr in getattr(obj, "__dict__", {})
+            if callable(inspect.getattr_static(cls, attr, None))
+            or isinstance(inspect.getattr_static(cls, attr, None), staticmethod | classmethod)
+        )
+    return shadowed

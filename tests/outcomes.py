@@ -5,7 +5,7 @@ A test that trains and then compares numbers must hold on any x86 CPU: float rou
 picks (`ATEN_CPU_CAPABILITY=default / avx2 / avx512`) and with the thread count, and a trajectory that is
 deterministic on one machine is another trajectory on the next. `tests/scripts/outcome_matrix.py` (`make
 outcome-matrix`) runs these tests under each setting and tabulates what `record_margin` wrote, so a reader sees
-how far each run cleared its bound; docs/testing.md has the rule and the last table.
+how far each run cleared its bound; docs/testing.md has the rule and each test's bound and margins.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ EXPECTED = {
     # pinned: on a multi-GPU box the trainer must see one device (GRPOTrainer refuses DataParallel)
     "single_gpu.yaml": ("NO", 1, "0", False, None, "bf16"),
     "vllm_server_gpu0_train_gpu1.yaml": ("NO", 1, "1", False, None, "bf16"),
-    # four processes: the seeds' 256 completions per step split as 2 x GA 32 x 4 (not over 7)
+    # four processes: the courses' 256 completions per step split as 2 x GA 32 x 4 (not over 7)
     "multi_gpu.yaml": ("MULTI_GPU", 4, "all", False, None, "bf16"),
     "zero2.yaml": ("DEEPSPEED", 4, "all", False, 2, "bf16"),
     "zero3.yaml": ("DEEPSPEED", 4, "all", False, 3, "bf16"),
@@ -120,7 +120,7 @@ def test_accelerate_launch_places_training_where_the_launcher_does(name, monkeyp
 
 
 def test_a_schedulers_allocation_is_honoured(monkeypatch, tmp_path):
-    """Issue #23 item 10: with CUDA_VISIBLE_DEVICES=2,3 from a scheduler, `gpu_ids: '1'` was refused with advice
+    """Bug caught: with CUDA_VISIBLE_DEVICES=2,3 from a scheduler, `gpu_ids: '1'` was refused with advice
     (--num-gpus 2) that then trained on physical GPU 1, outside the allocation. `gpu_ids` now count positions in
     the allocation: the trainer runs on GPU 3 (accelerate, given --gpu_ids 3, exports exactly that), the server on
     GPU 2; --num-gpus cannot step outside it."""

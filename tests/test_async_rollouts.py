@@ -13,7 +13,7 @@ import pytest
 
 from trl_ext import AblationGRPOConfig
 from trl_ext.grpo.rollouts.async_rollouts import check_trainer_inputs, optimizer_steps_per_generation
-from trl_ext.grpo.rollouts.rollout_worker import RolloutWorker, is_stale, next_payload
+from trl_ext.grpo.vllm.replay import RolloutWorker, is_stale, next_payload
 
 BASE = dict(report_to="none", use_cpu=True, save_strategy="no", use_vllm=True, vllm_mode="server")
 
@@ -30,7 +30,7 @@ def make(tmp_path, **kwargs) -> AblationGRPOConfig:
         (dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2), 1),
         (dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4), 4),  # 4 steps of 1
         (dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, num_iterations=3), 3),
-        # seed vocabulary: rollout 64, train 16 -> 4 optimizer steps per rollout
+        # the courses' vocabulary: rollout 64, train 16 -> 4 optimizer steps per rollout
         (dict(group_size=8, rollout_batch_size=64, train_batch_size=16, gradient_accumulation_steps=2), 4),
     ],
 )

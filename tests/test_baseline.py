@@ -1,4 +1,5 @@
-"""Seed 000's zero-shot baseline: `trl-ext eval --recipe` evaluates exactly as the recipe validates in training, and
+"""Assignment 2's zero-shot baseline: `trl-ext eval --recipe` evaluates exactly as the recipe validates in training,
+and
 `trl-ext plot --baseline` draws its accuracy at each run's budget on the validation accuracy panel."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typer.testing import CliRunner
 
 from trl_ext.cli import app
 from trl_ext.evaluation.pipeline import load_problems, render_prompts
-from trl_ext.plotting import plot_runs
 from trl_ext.recipes.evaluation import eval_config_from_recipe
+from trl_ext.reporting.plot import plot_runs
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -27,21 +28,22 @@ def _recipe(tmp_path: Path, base: str, *lines: str) -> Path:
 
 
 def test_eval_config_is_the_recipes_validation():
-    """Every setting training validates with, read from the shipped seed-000 recipe chain."""
-    cfg = eval_config_from_recipe(RECIPES / "countdown" / "seed000_grpo_l512.yaml", max_tokens=(256, 512, 1024))
+    """Every setting training validates with, read from the shipped Assignment 2 recipe chain."""
+    cfg = eval_config_from_recipe(RECIPES / "countdown" / "qwen3_1.7b_grpo_l512.yaml", max_tokens=(256, 512, 1024))
     assert cfg.model == "Qwen/Qwen3-1.7B" and cfg.task == "countdown"
     # the split training validates on, resolved when the problems load (the hub set's own held-out split, else
     # its last 1024 rows: tests/test_tasks_splits.py)
     assert (cfg.split, cfg.limit, cfg.data_file) == ("auto", 1024, None)
     assert (cfg.prompt, cfg.chat, cfg.chat_template_kwargs) == ("tinyzero", True, {"enable_thinking": True})
     assert (cfg.temperature, cfg.top_p, cfg.n, cfg.seed) == (1.0, 1.0, 1, 42)
-    assert (cfg.stop, cfg.min_tokens, cfg.reward) == (("</answer>",), 4, "countdown_seed000")  # seed 000's verifier
+    # Assignment 2's verifier
+    assert (cfg.stop, cfg.min_tokens, cfg.reward) == (("</answer>",), 4, "countdown_single_equation")
     assert cfg.max_tokens == (256, 512, 1024)
-    assert eval_config_from_recipe(RECIPES / "countdown" / "seed000_grpo_l256.yaml").max_tokens == (256,)
+    assert eval_config_from_recipe(RECIPES / "countdown" / "qwen3_1.7b_grpo_l256.yaml").max_tokens == (256,)
     no_stop = eval_config_from_recipe(RECIPES / "math" / "question_only.yaml")
     assert (no_stop.stop, no_stop.reward, no_stop.chat) == ((), "question_only", False)
     with pytest.raises(ValueError, match=r"\['temperature'\]: set by --recipe"):
-        eval_config_from_recipe(RECIPES / "countdown" / "seed000_grpo_l512.yaml", temperature=0.0)
+        eval_config_from_recipe(RECIPES / "countdown" / "qwen3_1.7b_grpo_l512.yaml", temperature=0.0)
 
 
 def test_same_problems_and_prompts_as_training_validation(tmp_path):
@@ -55,7 +57,7 @@ def test_same_problems_and_prompts_as_training_validation(tmp_path):
     data = shared_path("countdown", "dev.parquet")
     recipe = _recipe(
         tmp_path,
-        "countdown/seed000_grpo_l512.yaml",
+        "countdown/qwen3_1.7b_grpo_l512.yaml",
         f"dataset_source: {data}",
         "dataset_split: train[:8]",
         "eval_limit: 6",
@@ -86,7 +88,7 @@ def test_eval_recipe_then_plot_baseline_lines(tmp_path):
     data = shared_path("countdown", "dev.parquet")
     recipe = _recipe(
         tmp_path,
-        "countdown/seed000_grpo_l256.yaml",
+        "countdown/qwen3_1.7b_grpo_l256.yaml",
         f"dataset_source: {data}",
         "eval_limit: 4",
         "prompt: compact",

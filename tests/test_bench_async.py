@@ -1,4 +1,4 @@
-"""benchmarks/bench_async.py's across-seed comparison (issue 41): one run's figures, the study statistics over
+"""benchmarks/bench_async.py's across-seed comparison: one run's figures, the study statistics over
 seeds paired by seed, the rotated run order, the `--seeds` check. Numbers by hand; no run."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""AblationGRPOConfig: the axes resolved from our fields, the seeds' presets and TRL's names (TRL's defaults when
-nothing is set), errors that name both fields of a conflict or the field a combination ignores, and the seeds' batch
+"""AblationGRPOConfig: the axes resolved from our fields, the courses' presets and TRL's names (TRL's defaults when
+nothing is set), errors that name both fields of a conflict or the field a combination ignores, and the courses' batch
 vocabulary mapped onto TRL, all at construction time (no model involved)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def make(tmp_path, **kwargs) -> AblationGRPOConfig:
     return AblationGRPOConfig(output_dir=str(tmp_path), **BASE, **kwargs)
 
 
-def test_seed_batch_vocabulary_maps_onto_trl(tmp_path):
+def test_course_batch_vocabulary_maps_onto_trl(tmp_path):
     # 16 completions per rollout = 4 prompts x 4; 8 per optimizer step = 4 per micro-batch x 2 accumulation steps;
     # so 2 optimizer steps per rollout, and each rollout is used for 2 epochs.
     cfg = make(
@@ -30,7 +30,7 @@ def test_seed_batch_vocabulary_maps_onto_trl(tmp_path):
     )
     assert (cfg.num_generations, cfg.generation_batch_size, cfg.per_device_train_batch_size) == (4, 16, 4)
     assert (cfg.steps_per_generation, cfg.num_iterations) == (4, 2)
-    assert cfg.train_batch_size == 8  # the seed value is kept as given
+    assert cfg.train_batch_size == 8  # the course value is kept as given
 
 
 def test_cs336_consistent_set_is_on_policy(tmp_path):
@@ -52,7 +52,7 @@ def test_train_batch_size_divides_by_world_size(tmp_path, monkeypatch):
         make(tmp_path, group_size=2, train_batch_size=6, gradient_accumulation_steps=2)
 
 
-def test_trl_fields_left_alone_without_seed_fields(tmp_path):
+def test_trl_fields_left_alone_without_course_fields(tmp_path):
     cfg = make(tmp_path, num_generations=4, per_device_train_batch_size=8)
     assert (cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation) == (4, 8, 1)
 
@@ -154,7 +154,7 @@ def test_trl_vocabulary_keeps_fields_trl_would_ignore_with_a_warning(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        # Two explicit fields that disagree: both are named. (Before: scale_rewards silently became "none".)
+        # Two explicit fields that disagree: both are named. (Bug caught: scale_rewards silently becoming "none".)
         (dict(scale_rewards="group", use_std_normalization=False), "use_std_normalization=False contradicts "
          "scale_rewards='group'"),
         (dict(advantage_type="rloo", scale_rewards="group"), "scale_rewards='group' contradicts "
@@ -222,7 +222,7 @@ def test_axis_errors_name_the_fields(tmp_path, kwargs, message):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        # The seeds' sanity checks; the first row is seed 001's inconsistent example (design.md).
+        # The courses' sanity checks; the first row is NYU Assignment 3's inconsistent example (design.md).
         (
             dict(group_size=8, rollout_batch_size=16, train_batch_size=64, gradient_accumulation_steps=128),
             "train_batch_size=64 must be divisible by gradient_accumulation_steps=128",
@@ -236,7 +236,7 @@ def test_axis_errors_name_the_fields(tmp_path, kwargs, message):
         (dict(group_size=4, rollout_batch_size=24, train_batch_size=16), "rollout_batch_size=24 must be a multiple"),
         (dict(group_size=0), "group_size=0 must be a positive integer"),
         (dict(epochs_per_rollout_batch=-1), "epochs_per_rollout_batch=-1 must be a positive integer"),
-        # A seed field contradicting an explicitly set TRL field.
+        # A course-vocabulary field contradicting an explicitly set TRL field.
         (dict(group_size=4, num_generations=6), "group_size=4 implies num_generations=4, but num_generations=6"),
         (dict(epochs_per_rollout_batch=2, num_iterations=3), "implies num_iterations=2, but num_iterations=3"),
         (

@@ -18,11 +18,11 @@ from trl_ext.demo.report import comparison_table
 # model, 128 labelled problems for SFT and the control, GRPO on the other 772 at lr 1e-3, 512 held-out problems; two
 # seeds (SEEDS), the second from the first's warm start (SHARED_START). Float rounding differs with the CPU's vector
 # unit and the thread count, so the trajectory differs from machine to machine: the claim must hold for any trajectory
-# of this size, not for one. The sizes were chosen for a wide effect: with 64 labelled problems the start was ~3%
-# greedy, GRPO's groups rarely held a correct answer, and GRPO - control was +2.7 to +5.5 points depending on the
-# machine (CI failed with +2.5 sampled); with 128 the start is ~6%, GRPO's lr 1e-3 (2e-4 gained half as much in 300
-# steps) doubles it, and the control memorises its 128 problems and falls back. Margins are paired z statistics over
-# the held-out problems (see PAIRED_Z_MIN).
+# of this size, not for one. The sizes are chosen for a wide effect: with 64 labelled problems the start is ~3% greedy,
+# GRPO's groups rarely hold a correct answer, and GRPO - control measured +2.7 to +5.5 points depending on the CPU
+# (+2.5 sampled on one with AVX-512 and AMX); with 128 the start is ~6%, GRPO's lr 1e-3 (2e-4 gained half as much in
+# 300 steps) doubles it, and the control memorises its 128 problems and falls back. Margins are paired z statistics
+# over the held-out problems (see PAIRED_Z_MIN).
 SMALL = [
     "--num_train_problems", "900", "--num_labelled", "128", "--max_number", "9", "--max_target", "25",
     "--num_eval_problems", "512", "--eval_samples", "16",
@@ -36,14 +36,14 @@ SMALL = [
     "--threads", str(1 if TEST_THREADS == 1 else 2 * TEST_THREADS),
 ]  # fmt: skip
 # The claim is tested on two seeds pooled: a seed, like another CPU's kernel set, is another trajectory, and one
-# trajectory of this size is too noisy to carry it. Sampled GRPO vs control, z per run (one seed, one setting):
-# 1.93 (seed 0, AVX-512 kernels of an AMD EPYC, 1 or 2 threads), 3.90 (seed 0, AVX2 there), 3.25-4.43 (seed 0, the
-# six settings of an earlier machine), 2.09 / 6.80 / 2.59 (seeds 1-3, AVX-512 here), 3.63 / 4.38 (seeds 1-2, AVX2
-# here): mean 3.7, SD 1.2 across trajectories. Pooled over the 1,024 (problem, seed) pairs of seeds 0 and 1 the four
-# z are 2.84 / 5.88 / 2.11 / 4.02 (AVX-512 here) and 5.33 / 7.41 / 3.46 / 4.60 (AVX2 here); about +1.4 SD above the
-# single-run mean for the pair, so each bound sits >= 2.7 trajectory SDs below the pooled mean (5.2 for sampled vs
-# control). Sampled accuracy (16 samples per problem) carries the claim with significance; greedy (one 0/1 outcome
-# per problem) only has to agree in direction vs the control. Per-run values: docs/testing.md.
+# trajectory of this size is too noisy to carry it. Sampled GRPO vs control, z per run (one seed, one setting): 1.93
+# (seed 0, AVX-512 kernels of an AMD EPYC, 1 or 2 threads), 3.90 (seed 0, AVX2 there), 3.25-4.43 (seed 0, the six
+# settings of a 2-core VM with AVX-512 and AMX), 2.09 / 6.80 / 2.59 (seeds 1-3, the EPYC's AVX-512), 3.63 / 4.38 (seeds
+# 1-2, its AVX2): mean 3.7, SD 1.2 across trajectories. Pooled over the 1,024 (problem, seed) pairs of seeds 0 and 1
+# the four z are 2.84 / 5.88 / 2.11 / 4.02 (the EPYC's AVX-512) and 5.33 / 7.41 / 3.46 / 4.60 (its AVX2); about +1.4 SD
+# above the single-run mean for the pair, so each bound sits >= 2.7 trajectory SDs below the pooled mean (5.2 for
+# sampled vs control). Sampled accuracy (16 samples per problem) carries the claim with significance; greedy (one 0/1
+# outcome per problem) only has to agree in direction vs the control. Per-run values: the claim test's docstring.
 # Since the second seed starts from the first seed's warm start on its problems (SHARED_START, saving its SFT: 20-30
 # CPU s), the test covers one SFT trajectory per setting, not two; the GRPO and control trajectories that carry the
 # claim are still two (other sampling, problem order and solution draws). Measured on a 2-core AMD EPYC with AVX2 and
@@ -161,9 +161,9 @@ def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_
     starts from the first seed's warm start (SHARED_START).
 
     Why two seeds: one run is one trajectory, and the trajectory moves with the seed and with the CPU's kernels
-    alike. With seed 0 alone this test passed on an earlier machine's six settings (sampled vs control z 3.25-4.43)
-    and failed on an AMD EPYC's AVX-512 kernels (z 1.93 < 2): the cross-setting spread of one machine had
-    understated the spread between machines. Per run (sampled vs control / sampled vs start / greedy vs control /
+    alike. With seed 0 alone this test passes in a 2-core VM's six settings (AVX-512 and AMX; sampled vs control z
+    3.25-4.43) and fails on an AMD EPYC's AVX-512 kernels (z 1.93 < 2): the cross-setting spread of one machine
+    understates the spread between machines. Per run (sampled vs control / sampled vs start / greedy vs control /
     greedy vs start), measured on that EPYC with `ATEN_CPU_CAPABILITY` default (AVX-512) and avx2:
     seed 0: 1.93 / 4.05 / 1.82 / 2.54 (default, 1 and 2 threads alike)   3.90 / 4.90 / 2.95 / 2.80 (avx2, 1 and 2)
     seed 1: 2.09 / 4.27 / 1.18 / 3.14 (default)                          3.63 / 5.57 / 1.95 / 3.71 (avx2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.discover import FAILURE_PROMPT, SUCCESS_PROMPT
+from trl_ext.discover import FAILURE_PROMPT, SUCCESS_PROMPT, SYSTEM_PROMPT
 from trl_ext.rewards.kissing import run_points_program, verify_kissing_configuration
 from trl_ext.rewards.kissing_constructions import (
     configuration_program,
@@ -122,7 +123,7 @@ def test_discover_against_a_scripted_server_over_http(tmp_path):
     first, second, third = (r["messages"] for r in server.requests)
     assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == kissing_prompt(11)
     assert second[-2] == {"role": "assistant", "content": _block(LONG)}
-    # round 1's best failed: seed 002's failure prompt with the verifier's exact message; round 2's was valid: its
+    # round 1's best failed: NLPDL HW3's failure prompt with the verifier's exact message; round 2's was valid: its
     # success prompt with the score
     assert second[-1] == {
         "role": "user",
@@ -147,7 +148,7 @@ def test_discover_against_a_scripted_server_over_http(tmp_path):
     assert "Best |C| after each round: 0, 220, 582" in report
     assert "Best valid configuration: |C| = 582 (round 3, sample 2)" in report
     assert "| 1 | 1 | no | 0 |" in report and "| 3 | 2 | yes | 582 |" in report
-    assert "## Approach" in report
+    assert re.findall(r"^## (.+)$", report, flags=re.M) == ["Methodology", "Process", "Final Result", "Reflection"]
 
 
 def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
@@ -159,7 +160,7 @@ def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
         cfg = DiscoveryConfig(samples=2, rounds=1, output_dir=str(tmp_path), workers=1)
         result = run_discovery(backend, cfg, progress=lambda line: None)
     assert [r["n"] for r in server.requests] == [2, 1]  # the second request asks for the missing reply
-    # plain sampling at the temperature: nothing left for a vLLM server to fill from the checkpoint (issue #23 item 5)
+    # plain sampling at the temperature: nothing left for a vLLM server to fill from the checkpoint
     assert all(r[k] == v for r in server.requests for k, v in NEUTRAL_SAMPLING.items())
     assert result["best_score"] == 220 and result["history"] == [220]
 
@@ -167,7 +168,7 @@ def test_backend_asks_again_when_the_server_ignores_n(tmp_path):
 @pytest.mark.slow
 def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
     """A tiny model whose vocabulary holds the whole D11 program as one added token, which its weights favour (the
-    backend samples the model itself: a checkpoint's generation config does not apply, issue #23 item 5): the local
+    backend samples the model itself: a checkpoint's generation config does not apply): the local
     backend loads it from disk, samples it, the loop scores it 220.
     (In process: the command line is covered by the HTTP test; a second torch import would cost ~10 s.)"""
     import torch
@@ -228,6 +229,12 @@ def test_discover_with_a_local_tiny_model(tmp_path, char_tokenizer):
         (["--base-url", "ftp://x"], "--base-url must start with http:// or https://"),
         (["--base-url", "http://127.0.0.1:9/v1", "--model", "m"], "cannot reach the endpoint"),
         (["--local", "--model", "/no/such/model"], "--model /no/such/model: no such directory"),
+        # the endpoint below does not answer: each of these must fail before it is asked
+        (["--base-url", "http://127.0.0.1:9/v1", "--system-prompt", "a", "--system-prompt-file", "f"], "not both"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--system-prompt-file", "/no/such"], "/no/such: no such file"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--system-prompt", " \n"], "--system-prompt is blank"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--history-window", "0"], "--history-window must be an integer >= 1"),
+        (["--base-url", "http://127.0.0.1:9/v1", "--prompt-file", "/no/such"], "--prompt-file /no/such: no such file"),
     ],
 )
 def test_bad_input_fails_early_with_a_clear_message(args, error, tmp_path, monkeypatch):
@@ -242,3 +249,106 @@ def test_bad_input_fails_early_with_a_clear_message(args, error, tmp_path, monke
     assert result.exit_code != 0
     assert error in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out" / "report.md").exists()
+
+
+def _run_cli_in_process(*args: str):
+    from typer.testing import CliRunner
+
+    from trl_ext.cli import app
+
+    return CliRunner().invoke(app, ["discover", *args])
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [(b" \n\n", "--system-prompt-file {}: the file is empty"), (b"\xff\xfe", "--system-prompt-file {}: not UTF-8")],
+)
+def test_bad_system_prompt_file_is_named(content, error, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # a short relative path: the error box would wrap a long one
+    (tmp_path / "system.txt").write_bytes(content)
+    result = _run_cli_in_process("--base-url", "http://127.0.0.1:9/v1", "--system-prompt-file", "system.txt")
+    assert result.exit_code != 0 and error.format("system.txt") in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "discover_out").exists()
+
+
+NO_CODE = "no ```python code block found in the answer"
+UNCLOSED = "the ```python code block is never closed (cut at the token limit?)"
+ONE_POINT = "points = [[1] + [0] * 10]\n"  # one vector: valid, |C| = 1
+# samples = 1, four rounds: no program, a valid one, an unclosed block, no program again
+HISTORY_SCRIPT = [["I cannot write code today."], [_block(ONE_POINT)], ["```python\npoints = ["], ["Done."]]
+
+
+def _fenced_blocks(markdown: str) -> list[str]:
+    return [m.group(2) for m in re.finditer(r"^(`{3,})text\n(.*?)\n\1$", markdown, flags=re.M | re.S)]
+
+
+@pytest.mark.parametrize("window", [None, 1, 2])
+def test_refinement_sends_the_conversation_history(window, tmp_path):
+    """Each refinement request carries the task prompt and the conversation so far (its last `window` exchanges),
+    checked against the requests the server received; report.md has the assignment's four sections, the first and
+    final score, and its example prompts are the messages actually sent."""
+    from trl_ext.discover import DiscoveryConfig, OpenAIChatBackend, run_discovery
+
+    out = tmp_path / "run"
+    with ScriptedServer(HISTORY_SCRIPT) as server:
+        cfg = DiscoveryConfig(samples=1, rounds=4, workers=1, history_window=window, output_dir=str(out))
+        result = run_discovery(OpenAIChatBackend(server.url), cfg, progress=lambda line: None)
+    assert result["history"] == [0, 1, 1, 1]
+
+    # by hand: each exchange is the round's reply and the feedback on it
+    base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": kissing_prompt(11)}]
+    feedback = [
+        FAILURE_PROMPT.format(message=NO_CODE),
+        SUCCESS_PROMPT.format(score=1),
+        FAILURE_PROMPT.format(message=UNCLOSED),
+    ]
+    exchanges = [
+        [{"role": "assistant", "content": reply}, {"role": "user", "content": f"{text}\n\n{ANSWER_FORMAT}"}]
+        for (reply,), text in zip(HISTORY_SCRIPT, feedback, strict=False)
+    ]
+    kept = {None: [[], [0], [0, 1], [0, 1, 2]], 1: [[], [0], [1], [2]], 2: [[], [0], [0, 1], [1, 2]]}[window]
+    expected = [base + [m for i in ids for m in exchanges[i]] for ids in kept]
+    sent = [r["messages"] for r in server.requests]
+    assert sent == expected
+    log = json.loads((out / "conversation_log.json").read_text())
+    assert [r["messages"] for r in log["rounds"]] == sent and log["config"]["history_window"] == window
+
+    report = (out / "report.md").read_text()
+    assert re.findall(r"^## (.+)$", report, flags=re.M) == ["Methodology", "Process", "Final Result", "Reflection"]
+    assert "Initial score (best valid |C| after round 1): 0. Final score (after round 4): 1." in report
+    assert f"- System message: `{SYSTEM_PROMPT}`" in report
+    stated = {None: "all of it", 1: "the last exchange", 2: "the last 2 exchanges"}[window]
+    assert f"- Conversation history sent with each refinement request: {stated}" in report
+    # round 1's request (the task prompt) and round 2's, whose reply raised the score from 0 to 1
+    assert _fenced_blocks(report) == [sent[0][-1]["content"], sent[1][-1]["content"]]
+    assert "Round 2, the request that led to the best score (|C| 0 -> 1)" in report
+    assert "Final score: |C| = 1 for d = 11, so tau_11 >= 1." in report
+    assert "- Valid programs: 1 of 4 replies (per round: 0/1, 1/1, 0/1, 0/1)." in report
+    assert "refinement raised it in round 2 (0 -> 1)." in report
+
+
+@pytest.mark.parametrize(
+    ("args", "system"),
+    [
+        (["--system-prompt", "Think like a coding theorist."], "Think like a coding theorist."),
+        (["--system-prompt", ""], None),  # no system message at all
+        (["--system-prompt-file", "{file}"], "You write short programs.\nUse integers only.\n"),
+        ([], SYSTEM_PROMPT),
+    ],
+)
+def test_system_message_from_the_command_line(args, system, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "system.txt").write_text("You write short programs.\nUse integers only.\n")
+    args = [a.format(file=tmp_path / "system.txt") for a in args]
+    out = tmp_path / "run"
+    with ScriptedServer([["No program."]]) as server:
+        result = _run_cli_in_process(
+            "--base-url", server.url, "--samples", "1", "--rounds", "1", "--output-dir", str(out), *args
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (request,) = server.requests
+    user = {"role": "user", "content": kissing_prompt(11)}
+    assert request["messages"] == ([] if system is None else [{"role": "system", "content": system}]) + [user]
+    stated = "none" if system is None else f"`{' '.join(system.split())}`"
+    assert f"- System message: {stated}\n" in (out / "report.md").read_text()

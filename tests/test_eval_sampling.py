@@ -1,4 +1,4 @@
-"""Evaluation samples exactly what it says (issue #23 item 5): a checkpoint's generation_config does not leak in.
+"""Evaluation samples exactly what it says: a checkpoint's generation_config does not leak in.
 
 transformers 5 fills every sampling field a `generate` call leaves unset from the model's generation config, and
 Qwen2.5 Instruct checkpoints ship a repetition penalty, top-k, top-p and temperature. Here a tiny model's config

@@ -153,7 +153,7 @@ def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cfg = EvalConfig(model="m", seed=5)
     expected = {"model": "m", "seed": 5, "dtype": "float32", "enforce_eager": True, "max_model_len": 300}
-    expected["use_fp64_gumbel"] = True  # the sampler fix (trl_ext.vllm_cpu; tests/test_vllm_sampler.py)
+    expected["use_fp64_gumbel"] = True  # the sampler fix (trl_ext.grpo.vllm.cpu_sampler; tests/test_vllm_sampler.py)
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == {**expected, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert vllm_engine_kwargs(cfg, 300, cpu=True) == expected
@@ -163,7 +163,7 @@ def test_vllm_engine_kwargs_on_the_cpu_build(monkeypatch):
 @pytest.mark.parametrize(
     ("requested", "version", "cuda", "backend"),
     [
-        ("auto", "0.31.0+cpu", False, "vllm"),  # `make install` without CUDA: the CPU engine (issue 29 item 5)
+        ("auto", "0.31.0+cpu", False, "vllm"),  # `make install` without CUDA: the CPU engine
         ("auto", "0.31.0", True, "vllm"),  # the GPU build on a GPU
         ("auto", "0.31.0", False, "transformers"),  # the GPU build cannot run without CUDA
         ("auto", "0.31.0+cpu", True, "transformers"),  # the CPU build cannot use the GPU transformers runs on
@@ -184,7 +184,7 @@ def test_backend_choice_by_table(requested, version, cuda, backend):
 def test_auto_backend_on_this_machine_follows_the_installed_distribution():
     """`auto` against the real package metadata: where vLLM's CPU build is installed (tests/vllm_helpers.vllm_build
     reads the metadata independently) and there is no GPU, the CPU engine; without vLLM, transformers. Catches `auto`
-    falling back to transformers on a CPU machine that has the engine (issue 29 item 5: 3.0x the tokens/s)."""
+    falling back to transformers on a CPU machine that has the engine (3.0x the tokens/s)."""
     from vllm_helpers import vllm_build
 
     from trl_ext.evaluation import resolve_backend

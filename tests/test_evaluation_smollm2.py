@@ -3,13 +3,13 @@ converted by `python -m trl_ext.assets fetch-smollm2`, which `make test` runs fi
 n=4 samples each, transformers backend.
 
 The token budget is `$TRL_EXT_E2E_MAX_TOKENS` (default 32, with a second budget of half of it to exercise the shared
-samples). 128 samples x 32 new tokens took 200 s wall / 192 CPU-s on a 2-core machine shared with other jobs (load
-5), 861 s at 64 tokens before the prompts' prefill was shared by their samples; 4 problems check the same files,
-counts, identities and ground truths as 8, 16 and 32 did (the module, user + sys on this machine: 31 CPU-s with 4
-problems against 107 with 16 at load average 1 to 7, 42 / 61 / 113 with 4 / 8 / 16 at load average 14 to 27; most
-of the difference is system time, which grows faster than the batch). At 32 tokens no response reaches
-`</answer>`, so this checks the pipeline on a real model (files, counts, categories, pass@N / Best@N identities,
-rewards of the stored text), not accuracy; `trl-ext eval` with more tokens gives the numbers (docs/evaluation.md).
+samples). 128 samples x 32 new tokens took 200 s wall / 192 CPU-s on a 2-core CPU at load average 5 (861 s at 64 tokens
+without the prompts' prefill shared by their samples); 4 problems check the same files, counts, identities and ground
+truths as 8, 16 and 32 (the module, user + sys on a 2-core CPU: 31 CPU-s with 4 problems against 107 with 16 at load
+average 1 to 7, 42 / 61 / 113 with 4 / 8 / 16 at load average 14 to 27; most of the difference is system time, which
+grows faster than the batch). At 32 tokens no response reaches `</answer>`, so this checks the pipeline on a real model
+(files, counts, categories, pass@N / Best@N identities, rewards of the stored text), not accuracy; `trl-ext eval` with
+more tokens gives the numbers (docs/evaluation.md).
 """
 
 from __future__ import annotations

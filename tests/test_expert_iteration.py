@@ -154,7 +154,7 @@ def test_ei_recipe_validates_like_its_grpo_recipe(task):
     for name in VALIDATION_CONFIG_FIELDS:
         assert getattr(ei_args, name) == getattr(args, name), name
     assert (ei_model.model_name_or_path, ei_model.dtype) == (model.model_name_or_path, model.dtype)
-    assert ei_args.num_generations == args.num_generations == 8  # G: the seeds' group size
+    assert ei_args.num_generations == args.num_generations == 8  # G: the courses' group size
     # cadence: GRPO every 10 of 200 GRPO steps, EI after each of its 5 steps
     assert (ei_args.eval_steps, ei_args.n_ei_steps, ei_args.questions_per_step) == (1, 5, 512)
     assert ei_args.sft_batch_size == 32 and ei_args.learning_rate == parse_sft_lr()
@@ -207,7 +207,7 @@ def test_ei_preflight_lists_every_problem(tmp_path):
 
 
 def test_ei_preflight_refuses_deepspeed(tmp_path):
-    """Issue 39: expert iteration's SFT is a plain loop of its own; under a DeepSpeed launch (accelerate exports
+    """Expert iteration's SFT is a plain loop of its own; under a DeepSpeed launch (accelerate exports
     ACCELERATE_USE_DEEPSPEED) with one process nothing refused it, and the engine would not drive its steps."""
     from trl_ext.recipes import parse_ei_args
     from trl_ext.recipes.expert_iteration import ei_preflight

@@ -1,5 +1,4 @@
-"""trl_ext.grpo.rollouts.finished: a completion that ended at a stop string is finished, not truncated (issue #23 item
-4).
+"""trl_ext.grpo.rollouts.finished: a completion that ended at a stop string is finished, not truncated.
 
 TRL 1.16 calls every completion without a final EOS truncated, so with `stop: ["</answer>"]` each answered
 completion counted in `completions/clipped_ratio` and `mask_truncated_completions` dropped it from the loss. The
@@ -150,13 +149,13 @@ def _replay_server(exchanges: list[dict]):
 def test_server_answers_finish_reasons_in_the_order_trl_returns_completions(char_tokenizer):
     """Real `/v1/completions` answers of `trl vllm-serve` on vLLM's CPU build (tests/data/vllm, recorded by
     tests/scripts/record_vllm_completions.py: 6 prompts x n=4, sampled) replayed to TRL's own `VLLMClient.generate`
-    with the request `VLLMGeneration` sends in server mode: the recorder keeps each choice's `finish_reason` and
-    `stop_reason` beside the completion TRL parsed from the same choice (prompt-major, as TRL reads them). With the
+    (through `TrlExtVLLMClient`, whose `_post` records) with the request `VLLMGeneration` sends in server mode: the
+    client keeps each choice's `finish_reason` and `stop_reason` beside the completion TRL parsed from the same
+    choice (prompt-major, as TRL reads them). With the
     tags special and `skip_special_tokens: false`, vLLM stopped completions at a tag that the token-tail rule decodes
     away: vLLM's word calls them finished, the tail truncated. Catches reasons lost, misordered or misread."""
-    from trl.generation.vllm_client import VLLMClient
-
-    from trl_ext.grpo.rollouts.finish_reasons import FinishReasons, ReasonRecorder
+    from trl_ext.grpo.vllm.client import TrlExtVLLMClient
+    from trl_ext.grpo.vllm.finish_reasons import FinishReasons
     from trl_ext.tiny import TAG_TOKENS, build_char_tokenizer
 
     record = json.loads(shared_path("vllm", "completions_cpu.json").read_text())
@@ -164,21 +163,20 @@ def test_server_answers_finish_reasons_in_the_order_trl_returns_completions(char
     tokenizer.add_special_tokens({"additional_special_tokens": TAG_TOKENS})  # as the recorded server's
     trl_fields = ("n", "repetition_penalty", "temperature", "top_p", "top_k", "min_p", "max_tokens", "logprobs")
     with _replay_server(record["exchanges"]) as url:
-        client = VLLMClient(base_url=url)
-        recorder = ReasonRecorder()
-        recorder.watch_client(client)
+        client = TrlExtVLLMClient(base_url=url)
         for exchange in record["exchanges"]:
             request, choices = exchange["request"], exchange["response"]["choices"]
             kwargs = {k: v for k, v in request.items() if k not in (*trl_fields, "model", "prompt")}
             kwargs = {k: v for k, v in kwargs.items() if not k.startswith("return_")}
             out = client.generate(request["prompt"], **{k: request[k] for k in trl_fields}, generation_kwargs=kwargs)
             assert len(out["completion_ids"]) == len(choices) == 6 * 4
-            for i, (ids, (reason, stop)) in enumerate(zip(out["completion_ids"], recorder.records, strict=True)):
+            records = client.last_finish_reasons
+            for i, (ids, (reason, stop)) in enumerate(zip(out["completion_ids"], records, strict=True)):
                 choice = choices[i]  # the n=4 choices of each prompt in turn (prompt-major)
                 assert choice["index"] == i and choice["prompt_token_ids"] == request["prompt"][i // 4]
                 assert ids == choice["token_ids"]
                 assert (reason, stop) == (choice["finish_reason"], choice["stop_reason"])
-            reasons = FinishReasons(out["completion_ids"], *map(list, zip(*recorder.records, strict=True)))
+            reasons = FinishReasons(out["completion_ids"], *map(list, zip(*records, strict=True)))
             assert reasons.finished() == [c["finish_reason"] == "stop" for c in choices]
             assert {"stop", "length"} == {c["finish_reason"] for c in choices}
             if exchange["case"] == "special_stop":
@@ -195,7 +193,7 @@ def test_finish_reasons_are_used_only_for_the_completions_they_came_with():
     (`process_index * n_local`, server mode; the TP rank, colocate)."""
     from types import SimpleNamespace
 
-    from trl_ext.grpo.rollouts.finish_reasons import FinishReasons, share, vllm_finish_reasons
+    from trl_ext.grpo.vllm.finish_reasons import FinishReasons, share, vllm_finish_reasons
 
     record = FinishReasons([[1, 2], [3]], ["stop", "length"], ["x", None])
     generation = SimpleNamespace(finish_reasons=record)

@@ -1,12 +1,12 @@
-"""benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command (issue #32 item 8).
+"""benchmarks/gpu_check.py: the GPU kit gives its numbers in one short command.
 
 The default run's plan (`--plan`) totals at most 480 s on one H100, set-up included, with each part's seconds derived
-from model size, tokens and steps (checked here against a hand computation);
-a part that would not fit the budget is skipped with a message and the rest is written; every timed step trains on
-fixed completions through TRL's `rollout_func` (one rollout call and no `generate` call per step), and the default run
-writes the fp32-master vs pure-bf16 and padding-free vs stock pairs. Plus what lets it run on a borrowed GPU at all
-(issue #23 item 16): the JSON written after every part, a failing part recorded while the next one runs, another
-benchmark script as a part, a wheel budget under the 64 MiB transfer. The smoke run's numbers are not GPU numbers.
+from model size, tokens and steps (checked here against a hand computation); a part that would not fit the budget is
+skipped with a message and the rest is written; every timed step trains on fixed completions through TRL's
+`rollout_func` (one rollout call and no `generate` call per step), and the default run writes the fp32-master vs
+pure-bf16 and padding-free vs stock pairs. Plus what lets a few minutes on a GPU give numbers at all: the JSON written
+after every part, a failing part recorded while the next one runs, another benchmark script as a part, a wheel budget
+under the 64 MiB transfer. The smoke run's numbers are not GPU numbers.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ try:
 finally:
     sys.path.pop(0)
 
-DEFAULT_PARTS = ["precision_fp32_master", "precision_pure_bf16", "padding_free", "seed004"]
+DEFAULT_PARTS = ["precision_fp32_master", "precision_pure_bf16", "padding_free", "gsm8k_24gb"]
 
 
 def _fake_part(monkeypatch, name: str, seconds: float, value: int = 1) -> None:
@@ -42,8 +42,8 @@ def _fake_part(monkeypatch, name: str, seconds: float, value: int = 1) -> None:
 
 
 def test_plan_lists_the_default_parts_within_480_seconds(capsys):
-    """The old kit's default parts were ~12 minutes (3 + 3 + 6) and it had no plan. Now `--plan` lists the default
-    run, set-up included, within 480 s, and one part's seconds match a hand computation of the stated assumptions:
+    """`--plan` lists the default run, set-up included, within 480 s (default parts that add up past the budget would
+    be cut off), and one part's seconds match a hand computation of the stated assumptions:
     precision_pure_bf16 on Qwen3-1.7B (P = 1,720,574,976, the embedding 151,936 x 2048 = 311,164,928), 64 rows of
     150 + 256 tokens per step, 32 micro-batches of 2, 5 steps per run, ours and stock."""
     report = gpu_check.main(["--plan"])
@@ -84,9 +84,9 @@ def test_output_goes_to_the_benchmarks_results_by_default(tmp_path, monkeypatch)
 
 
 def test_a_part_that_would_pass_the_budget_is_skipped_and_the_rest_written(tmp_path, monkeypatch):
-    """The old kit ran every part whatever the time (a command stopped at a time limit lost the last part).
-    Now a part expected to take longer than what is left is recorded as skipped with the reason, the others run, and
-    a run still training at the deadline stops after its step."""
+    """A part expected to take longer than what is left is recorded as skipped with the reason, the others run, and
+    a run still training at the deadline stops after its step. Bug caught: every part run whatever the time, so a
+    command stopped at a time limit loses the last part."""
     out = tmp_path / "kit.json"
     _fake_part(monkeypatch, "quick", 1.0, value=7)
     _fake_part(monkeypatch, "long", 1000.0)
@@ -112,11 +112,11 @@ def test_a_part_that_would_pass_the_budget_is_skipped_and_the_rest_written(tmp_p
 
 @pytest.mark.slow
 def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_pairs(tmp_path):
-    """The default run in CPU smoke mode. The old kit's timed steps each began with a `generate` on the random model
-    (no `step_generate_calls`, no padding-free part, no pairs); now every run of every part trains on
-    `FixedRollouts` (one `rollout_func` call per step, zero `generate` calls), ours and stock start from the same
-    weights and compute the same first gradient, and the JSON holds the ours/stock, fp32-master/pure-bf16 and
-    padding-free/stock ratios computed from the runs' medians."""
+    """The default run in CPU smoke mode: every run of every part trains on `FixedRollouts` (one `rollout_func` call
+    per step, zero `generate` calls: a timed step that began with a `generate` on the random model would time
+    generation, not training), ours and stock start from the same weights and compute the same first gradient, and
+    the JSON holds the ours/stock, fp32-master/pure-bf16 and padding-free/stock ratios computed from the runs'
+    medians."""
     out = tmp_path / "gpu_check.json"
     report = gpu_check.main(["--smoke", "--output", str(out)])
     parts = report["parts"]
@@ -126,9 +126,9 @@ def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_p
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["smoke"] is True and report["steps"] == 2 and report["setup"]["seconds"] > 0
     pf = parts["padding_free"]["cases"]["sdpa, per-device batch 2"]
-    runs += [pf["ours_pf"], pf["stock"], parts["seed004"]]
+    runs += [pf["ours_pf"], pf["stock"], parts["gsm8k_24gb"]]
     for run in runs:
-        steps = 1 if run is parts["seed004"] else 2
+        steps = 1 if run is parts["gsm8k_24gb"] else 2
         assert run["step_generate_calls"] == [0] * steps and run["generate_calls"] == 0, run
         assert run["step_rollout_calls"] == [1] * steps and len(run["step_s"]) == len(run["rollout_s"]) == steps
         assert all(r < s for r, s in zip(run["rollout_s"], run["step_s"], strict=True))
@@ -147,18 +147,18 @@ def test_smoke_run_times_the_training_step_on_fixed_completions_and_writes_the_p
     assert report["pairs"]["padding_free / stock: sdpa, per-device batch 2"]["step_time"] == pytest.approx(
         pf["ours_pf"]["median_step_s"] / pf["stock"]["median_step_s"]
     )
-    seed004 = parts["seed004"]
+    gsm8k_24gb = parts["gsm8k_24gb"]
     expected_optim = "adamw_bnb_8bit" if gpu_check._imports("bitsandbytes") else "adamw_torch_fused"
-    assert seed004["optim"] == expected_optim
+    assert gsm8k_24gb["optim"] == expected_optim
     # the estimate is the full-size model's at the recipe's setup: the fused-AdamW fallback does not fit 24 GiB
-    assert seed004["estimate_predicts_oom"] == (seed004["estimate_training_peak_gib"] > 24.0)
-    assert seed004["estimate_phases_gib"].keys() == {"train", "optimizer step", "generation"}  # validation off
+    assert gsm8k_24gb["estimate_predicts_oom"] == (gsm8k_24gb["estimate_training_peak_gib"] > 24.0)
+    assert gsm8k_24gb["estimate_phases_gib"].keys() == {"train", "optimizer step", "generation"}  # validation off
 
 
 def test_each_part_is_written_when_it_ends_and_a_failure_does_not_stop_the_next(tmp_path, monkeypatch):
-    """The old kit wrote its JSON only at the end and caught only torch.OutOfMemoryError: a crash (or a time
-    limit) lost every number. Parts now land in the JSON one by one, a failed part records its error and
-    traceback, and a later call adds its parts to the same file."""
+    """Parts land in the JSON one by one, a failed part records its error and traceback, and a later call adds its
+    parts to the same file. Bug caught: a JSON written only at the end, or only an out-of-memory error caught, loses
+    every number to a crash or a time limit."""
     out = tmp_path / "kit.json"
     seen_on_disk = []
 
@@ -206,9 +206,8 @@ def test_a_benchmark_script_is_one_line_of_part(tmp_path, monkeypatch):
 
 
 def test_wheel_budget_fits_bitsandbytes_under_the_transfer_limit():
-    """The old list carried pyarrow (55 MB) and xxhash, which a usual GPU image has, and left no room for
-    bitsandbytes (43 MB): tree + wheels went over 64 MiB. Now nothing the image has travels, bitsandbytes does, and
-    the whole transfer fits with room to spare."""
+    """Nothing a usual GPU image has travels (pyarrow alone is 55 MB), bitsandbytes (43 MB) does, and the working
+    tree with the wheels fits the 64 MiB transfer with room to spare."""
     names = {spec.split("==")[0] for spec in _gpu_kit.WHEELS}
     assert "bitsandbytes" in names and not names & {"pyarrow", "xxhash", "torch", "transformers", "accelerate"}
     budget = _gpu_kit.wheel_budget(_gpu_kit.tree_bytes(REPO))

@@ -1,4 +1,4 @@
-"""`trl-ext kissing-check program.py` (seed 002 section 7.3's evaluator): the metrics it prints for an existing
+"""`trl-ext kissing-check program.py` (NLPDL HW3 section 7.3's evaluator): the metrics it prints for an existing
 program, the ways a program may give its vectors, and its exit status. Each program runs in the real sandbox."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_recipe_parses_with_the_kissing_reward_and_prompt():
 
 
 def test_prompt_is_the_seeds_for_any_dimension():
-    """Seed 002's baseline prompt names 11 dimensions; another dimension changes that number alone."""
+    """NLPDL HW3's baseline prompt names 11 dimensions; another dimension changes that number alone."""
     assert kissing_prompt(5) == kissing_prompt(11).replace("in 11 dimensions", "in 5 dimensions")
     assert kissing_prompt(5) != kissing_prompt(11) and kissing_prompt(11).count("11") == 1
 

@@ -106,7 +106,7 @@ def test_perturbations_fail_with_the_right_message(which, request):
         assert result["validity"] == 0.0 and kissing_score(result) == 0
 
 
-def test_seed_message_format_on_a_hand_computed_case():
+def test_nlpdl_hw3_message_format_on_a_hand_computed_case():
     # norms 40 and 36, distance^2 between them (6-0)^2 + (2-6)^2 ... computed by hand below
     points = [[6, 2] + [0] * 9, [6, -2] + [0] * 9, [0, 6] + [0] * 9]
     # |p0|^2 = 40, |p1|^2 = 40, |p2|^2 = 36; d(p0,p1)^2 = 16, d(p0,p2)^2 = 36 + 16 = 52, d(p1,p2)^2 = 36 + 64 = 100

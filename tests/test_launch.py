@@ -204,7 +204,7 @@ def test_detect_gpus_sources():
     assert detect_gpus(None, {"CUDA_VISIBLE_DEVICES": "2, 5"}) == (["2", "5"], "CUDA_VISIBLE_DEVICES")
     assert detect_gpus(2, {"CUDA_VISIBLE_DEVICES": "2, 5"}) == (["2", "5"], "CUDA_VISIBLE_DEVICES")
     assert detect_gpus(None, {"CUDA_VISIBLE_DEVICES": ""}) == ([], "CUDA_VISIBLE_DEVICES")
-    # Issue #23 item 10: --num-gpus must not step outside a scheduler's allocation (ids 0..2 are other GPUs).
+    # --num-gpus must not step outside a scheduler's allocation (ids 0..2 are other GPUs).
     with pytest.raises(LaunchError, match=r"--num-gpus 3 but CUDA_VISIBLE_DEVICES=5 allows 1 GPU"):
         detect_gpus(3, {"CUDA_VISIBLE_DEVICES": "5"})
 
@@ -536,7 +536,7 @@ def test_server_binds_loopback_on_one_machine_whatever_the_recipe_host(rig):
 
 
 def test_multi_machine_config_starts_one_server_on_machine_0(rig):
-    """Issue #23 item 11: a multi-machine config made every node start a server. Only training rank 0 talks to the
+    """Bug caught: a multi-machine config made every node start a server. Only training rank 0 talks to the
     server (TRL's VLLMGeneration makes the client on the main process only), and it runs on machine 0: machine 0
     starts one on loopback, the other machines run the trainer only (`machine_rank` from the config or
     --machine-rank, which accelerate gets too)."""
@@ -573,7 +573,7 @@ def test_cpu_build_without_gpus_serves_on_the_cpu(rig, monkeypatch):
 
 
 def test_data_parallel_is_refused_for_dense_models(rig):
-    """Issue #23 item 2: `--vllm-dp 2` was passed on, and docs/launch.md suggested `--vllm-tp 2 --vllm-dp 2`; TRL
+    """Bug caught: `--vllm-dp 2` was passed on, and docs/launch.md suggested `--vllm-tp 2 --vllm-dp 2`; TRL
     1.16's `trl vllm-serve` says data parallel above 1 errors out for dense models (every shipped model)."""
     from trl.scripts.vllm_serve import ScriptArguments
 

@@ -1,4 +1,4 @@
-"""trl_ext.launch.cpu_layout: `trl-ext launch` in the server layout on a machine without a GPU (issue 29 item 2).
+"""trl_ext.launch.cpu_layout: `trl-ext launch` in the server layout on a machine without a GPU.
 
 The launch itself, with the real engine, runs in tests/test_vllm_server_sync.py (the server command composed here)
 and in docs/launch.md's command; these are the plans, built without starting anything.
@@ -21,7 +21,7 @@ from trl_ext.preflight.context import LAUNCH_SERVER_ENV
 REPO = Path(__file__).resolve().parents[1]
 TRANSFER = ["--weight-transfer-config", json.dumps({"backend": BACKEND})]
 KV = ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
-SAMPLER = ["--use-fp64-gumbel"]  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
+SAMPLER = ["--use-fp64-gumbel"]  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.grpo.vllm.cpu_sampler)
 
 
 @pytest.mark.parametrize(

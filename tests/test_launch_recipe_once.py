@@ -29,7 +29,7 @@ def _parsed(config: Path, extra=(), accelerate="cpu.yaml"):
 
 @pytest.mark.parametrize(
     "recipe",
-    ["countdown/cpu_server.yaml", "countdown/seed000_drgrpo_l256_pure_bf16.yaml", "gsm8k/r1_zero.yaml"],
+    ["countdown/cpu_server.yaml", "countdown/qwen3_1.7b_drgrpo_l256_pure_bf16.yaml", "gsm8k/r1_zero.yaml"],
 )
 @pytest.mark.parametrize(
     "extra",

@@ -1,4 +1,4 @@
-"""trl_ext.launch.tensor_parallel (issue 32 item 7): vLLM also shards the 64-padded vocabulary, so TP must divide it;
+"""trl_ext.launch.tensor_parallel: vLLM also shards the 64-padded vocabulary, so TP must divide it;
 and the plan picks the server's TP by a stated rule (the smallest size with at most 4 B parameters per GPU), not the
 largest that shards the model, and prints why."""
 

@@ -1,11 +1,11 @@
 """Layers point one way (docs/architecture.md): every module and package directly under `trl_ext` has a layer, and a
 module imports only from layers below its own, at the top of the file or inside a function alike (a function-local
-import is no way around an import loop: issue #23's preflight imported the recipes, which imported it back; issue
-#28's `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
+import is no way around an import loop: the preflight once imported the recipes, which imported it back, and
+`trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
-Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `grpo`,
-`evaluation` -> `preflight`, `tasks`, `plotting` -> `objectives`, `rewards`, `passk`, `run_logs`, `tiny`, `assets`,
-`host`."""
+Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `evaluation`
+-> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`,
+`host`, `lazy`, `run_status`."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "passk", "run_logs", "run_status", "tiny", "assets", "host", "vllm_cpu", "lazy"),
-    ("preflight", "tasks", "plotting"),
-    ("grpo", "evaluation"),
+    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "run_status"),
+    ("preflight", "tasks", "reporting"),
+    ("grpo",),
+    ("evaluation",),
     ("expert_iteration",),
     ("demo",),
     ("recipes", "discover"),

@@ -1,4 +1,4 @@
-"""The seeds' advantage functions: group_normalize and compute_group_normalized_rewards (the registered estimators
+"""The courses' advantage functions: group_normalize and compute_group_normalized_rewards (the registered estimators
 are tested in test_objectives_estimators.py)."""
 
 from __future__ import annotations

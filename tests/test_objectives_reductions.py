@@ -1,4 +1,4 @@
-"""Reduction axis: every registered reduction, the seeds' masked_mean / masked_normalize / masked_mean_drgrpo and
+"""Reduction axis: every registered reduction, the courses' masked_mean / masked_normalize / masked_mean_drgrpo and
 reduce_loss, against loops over Python floats, gradient accumulation, and gradcheck."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def test_masked_positions_cannot_leak_inf_or_nan():
 def test_empty_mask():
     x = torch.ones(2, 3)
     empty = torch.zeros(2, 3)
-    # the seed function: mean of nothing is NaN, as torch.mean(torch.tensor([])) is
+    # the course function: mean of nothing is NaN, as torch.mean(torch.tensor([])) is
     assert torch.isnan(masked_mean(x, empty)) and torch.isnan(torch.tensor([]).mean())
     assert torch.isnan(masked_mean(x, empty, dim=-1)).all()
     # the registered reduction clamps the count at 1 (TRL's loss_type="grpo"): an empty row adds 0

@@ -1,4 +1,4 @@
-"""The seeds' sft_microbatch_train_step / grpo_microbatch_train_step: loss and gradient vs a scalar loop,
+"""The courses' sft_microbatch_train_step / grpo_microbatch_train_step: loss and gradient vs a scalar loop,
 GA invariance."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from trl_ext.objectives import grpo_microbatch_train_step, sft_microbatch_train_step
-from trl_ext.objectives.seed_api import SEED_LOSSES
+from trl_ext.objectives.course_api import COURSE_LOSSES
 
-PG_LOSS_TYPES = tuple(SEED_LOSSES)  # the seeds' four names; the axis losses are tested in test_objectives_losses.py
-LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")  # the seeds' two reductions
+# the courses' four names; the axis losses are tested in test_objectives_losses.py
+PG_LOSS_TYPES = tuple(COURSE_LOSSES)
+LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")  # the courses' two reductions
 
 EPS = 0.2
 C = 8.0  # normalize_constant, as max_completion_length

@@ -6,7 +6,7 @@ dual clip `clip_ratio_c`, applied to `A < 0` only) and `compute_policy_loss_cisp
 (`loss * 1 / gradient_accumulation`) is `verl/workers/actor/dp_actor.py`'s `update_policy` at the same commit.
 They use plain torch ops written from verl's lines, never the functions under test.
 
-What the tests hold (issue 24's corrections of the mapping):
+What the tests hold (where the mapping is not one to one):
 - verl `seq-mean-token-sum-norm` = B x our `masked_normalize` (verl never divides by the B sequences).
 - verl's dual clip `clip_ratio_c` = our `delta` only when `delta >= 1 + epsilon_high`; verl's `vanilla` always
   applies it (`clip_ratio_c = 3` by default), so it equals our `grpo_clip` with `delta = 3`, not with `delta = None`.
@@ -230,7 +230,7 @@ def test_cispo_epsilon_high_is_one_plus_verl_clip_ratio_high(clip_ratio_high, se
     verl = value_and_grad(lambda lp: verl_cispo_pg_losses(old, lp, adv, 10.0, clip_ratio_high), logp, mask)
     assert mine[0].item() == pytest.approx(verl[0].item(), rel=1e-12)
     assert torch.allclose(mine[1], verl[1], rtol=1e-12, atol=1e-15)
-    # epsilon_high = clip_ratio_high (the old doc's "same knob") caps the weight at 0.2 or 4 instead: not verl's
+    # epsilon_high = clip_ratio_high (reading them as the "same knob") caps the weight at 0.2 or 4 instead: not verl's
     naive = value_and_grad(lambda lp: ours("cispo", lp, old, adv, mask, epsilon_high=clip_ratio_high), logp, mask)
     assert not torch.allclose(naive[1], verl[1])
 

@@ -1,16 +1,16 @@
-"""Which models `padding_free` packs (issue 32 item 4), and the flash-attention varlen arguments it passes (item 6).
+"""Which models `padding_free` packs, and the flash-attention varlen arguments it passes.
 
-Item 4: transformers keeps packed rows apart only where the model passes `position_ids` to its mask builder and no
-`past_key_values` (trl_ext.preflight.packed_models). Every allow-listed model type is built tiny from its config
+Which models: transformers keeps packed rows apart only where the model passes `position_ids` to its mask builder and
+no `past_key_values` (trl_ext.preflight.packed_models). Every allow-listed model type is built tiny from its config
 (random init, offline) and its packed logits compared with the padded forward's; Falcon and Bloom (masks built without
 position_ids), GPT-2 (absolute positions) and prefix tuning on Qwen3 (PEFT's past_key_values) are shown to differ and
 are refused by `packing_problem`, the trainer and the preflight.
 
-Item 6: with flash-attention, packing computes `cu_seq_lens_q/k` (int32) and `max_length_q/k` (ints) once per chunk and
-passes them to the model, so transformers' `_flash_attention_forward` takes its `is_fa_with_varlen_kwargs` branch
-instead of recomputing the boundaries in every layer. transformers' flash_attention_2 slot is taken, for one test at a
-time, by a function registered through `AttentionInterface` that records the arguments each attention call receives
-and attends within each sequence by sdpa; the flash kernels themselves need a GPU.
+The varlen arguments: with flash-attention, packing computes `cu_seq_lens_q/k` (int32) and `max_length_q/k` (ints) once
+per chunk and passes them to the model, so transformers' `_flash_attention_forward` takes its
+`is_fa_with_varlen_kwargs` branch instead of recomputing the boundaries in every layer. transformers' flash_attention_2
+slot is taken, for one test at a time, by a function registered through `AttentionInterface` that records the arguments
+each attention call receives and attends within each sequence by sdpa; the flash kernels themselves need a GPU.
 
 Bugs caught: a model type allowed whose rows attend to each other (or refused when it need not be), a prefix-tuned
 model packed, boundaries missing, off by one, int64 or recomputed per layer, a host read in `pack_rows`.
@@ -78,7 +78,7 @@ def _first_row(packed) -> torch.Tensor:
     return index < packed.shape[1]
 
 
-# Item 4: the allow-list holds, the others mix rows and are refused.
+# Which models: the allow-list holds, the others mix rows and are refused.
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -121,7 +121,7 @@ def test_preflight_refuses_padding_free_on_falcon_before_it_loads(tmp_path):
     from trl_ext.preflight.plan import RunContext, check_recipe
     from trl_ext.recipes import parse_recipe_args, stated_values
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "seed000_grpo_l512.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "qwen3_1.7b_grpo_l512.yaml"
     tiny("falcon").config.save_pretrained(tmp_path / "falcon")
     context = RunContext(check_packages=False)
     for model_path, flag, refused in ((tmp_path / "falcon", "true", True), (tmp_path / "falcon", "false", False),
@@ -163,7 +163,7 @@ def test_prefix_tuning_rows_attend_to_each_other_and_are_refused(char_tokenizer,
     make_trainer(char_tokenizer, tmp_path / "off", trainer_cls=trainer_cls, padding_free=False)
 
 
-# Item 6: the varlen arguments, computed once, reach every attention call.
+# The varlen arguments, computed once, reach every attention call.
 
 _VARLEN = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from trl_ext.passk import best_at_k, best_at_n_curve, pass_at_k, pass_at_n_curve
+from trl_ext.evaluation.passk import best_at_k, best_at_n_curve, pass_at_k, pass_at_n_curve
 
 
 def brute_pass(correct: list[int], k: int) -> float:

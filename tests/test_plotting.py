@@ -11,7 +11,7 @@ import torch
 from conftest import shared_path
 from test_trainer_helpers import freeze_imports
 
-from trl_ext.plotting import PANELS, find_trainer_state, metric_key, plot_pass_at_n, plot_runs, wall_clock
+from trl_ext.reporting.plot import PANELS, find_trainer_state, metric_key, plot_pass_at_n, plot_runs, wall_clock
 
 RUNS = {"grpo_clip": "grpo_clip", "reinforce": "reinforce_with_baseline"}
 
@@ -193,7 +193,7 @@ def test_rollouts_file_matches_the_trainer_logs(two_runs):
 
 
 def test_metric_table_fallbacks(two_runs):
-    from trl_ext.plotting import load_run
+    from trl_ext.reporting.plot import load_run
 
     run = load_run(two_runs["grpo_clip"][0])
     panel = dict(PANELS)

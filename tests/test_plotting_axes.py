@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.plotting import PANELS, grpo_steps, load_run, plot_runs, validation_steps
+from trl_ext.reporting.plot import PANELS, grpo_steps, load_run, plot_runs, validation_steps
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -68,7 +68,7 @@ def _ei_history() -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("runs")
-    # seed 003's grid at rollout 256: E2 / T128 takes 2 x 256 / 128 = 4 optimizer steps per GRPO step; validation
+    # CS336 A5's grid at rollout 256: E2 / T128 takes 2 x 256 / 128 = 4 optimizer steps per GRPO step; validation
     # every 10 GRPO steps = 40 optimizer steps (the recipes' eval_steps 0.05 of 800)
     grid = _run_dir(tmp_path, "offpolicy_e2_tb128", _grpo_history(80, 40, 4), "countdown/offpolicy_e2_tb128.yaml")
     onpolicy = _run_dir(tmp_path, "offpolicy_e1_tb256", _grpo_history(20, 10, 1), "countdown/offpolicy_e1_tb256.yaml")

@@ -1,5 +1,5 @@
-"""`trl-ext plot --smoothing`: wandb's debiased exponential moving average, computed by hand, on a seed-004-like run
-(4 completions a step, so the raw train reward moves in steps of 0.25)."""
+"""`trl-ext plot --smoothing`: wandb's debiased exponential moving average, computed by hand, on a the GSM8K
+report-like run (4 completions a step, so the raw train reward moves in steps of 0.25)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from trl_ext.plotting import DEFAULT_SMOOTHING, plot_runs, smooth_ema
+from trl_ext.reporting.plot import DEFAULT_SMOOTHING, plot_runs, smooth_ema
 
 
 def test_smooth_ema_by_hand():
@@ -25,24 +25,24 @@ def test_smooth_ema_by_hand():
             smooth_ema([1.0], bad)
 
 
-def _seed004_like_run(tmp_path):
+def _gsm8k_like_run(tmp_path):
     """A GRPO log with one question of 4 completions a step: the train reward is a multiple of 0.25."""
     rewards = [0.25, 0.5, 0.5, 0.75, 0.5, 1.0, 0.75, 0.5]
     history = [{"step": step, "reward": r, "loss": 0.0, "step_time": 1.0} for step, r in enumerate(rewards, start=1)]
-    run = tmp_path / "seed004"
+    run = tmp_path / "gsm8k_run"
     run.mkdir()
     (run / "trainer_state.json").write_text(json.dumps({"global_step": len(rewards), "log_history": history}))
     return run, rewards
 
 
 def test_plot_draws_the_smoothed_line_over_the_faint_raw_points(tmp_path):
-    run, rewards = _seed004_like_run(tmp_path)
+    run, rewards = _gsm8k_like_run(tmp_path)
     out = tmp_path / "curves.png"
     fig = plot_runs([run], out, smoothing=0.36)  # weight 0.6
     ax = next(ax for ax in fig.axes if ax.get_visible() and ax.get_title() == "train reward vs step")
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert set(lines) == {"seed004", "_seed004 raw"}  # the raw line has no legend entry (a leading underscore)
-    raw, smooth = lines["_seed004 raw"], lines["seed004"]
+    assert set(lines) == {"gsm8k_run", "_gsm8k_run raw"}  # the raw line has no legend entry (a leading underscore)
+    raw, smooth = lines["_gsm8k_run raw"], lines["gsm8k_run"]
     assert list(raw.get_ydata()) == rewards and raw.get_alpha() == 0.25
     assert smooth.get_color() == raw.get_color() and smooth.get_alpha() is None
     want, total, norm = [], 0.0, 0.0
@@ -50,8 +50,8 @@ def test_plot_draws_the_smoothed_line_over_the_faint_raw_points(tmp_path):
         total, norm = 0.6 * total + r, 0.6 * norm + 1
         want.append(total / norm)
     assert list(smooth.get_ydata()) == pytest.approx(want)
-    assert max(want) < max(rewards)  # the smoothed peak sits below the raw one, as seed 004 reads its curve
-    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["seed004"]
+    assert max(want) < max(rewards)  # the smoothed peak sits below the raw one, as the GSM8K report reads its curve
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["gsm8k_run"]
     rows = [r for r in csv.DictReader(open(out.with_suffix(".csv"))) if r["key"] == "reward"]
     assert [float(r["value"]) for r in rows] == rewards
     assert [float(r["smoothed"]) for r in rows] == pytest.approx(want)
@@ -62,7 +62,7 @@ def test_plot_cli_smooths_by_default_and_names_a_bad_value(tmp_path):
 
     from trl_ext.cli import app
 
-    run, rewards = _seed004_like_run(tmp_path)
+    run, rewards = _gsm8k_like_run(tmp_path)
     out = tmp_path / "c.png"
     result = CliRunner().invoke(app, ["plot", str(run), "-o", str(out)])
     assert result.exit_code == 0, result.output

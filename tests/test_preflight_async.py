@@ -18,7 +18,7 @@ from trl_ext.preflight.plan import RunContext, check_recipe
 from trl_ext.recipes import parse_recipe_args, stated_values
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-ASYNC = RECIPES / "countdown" / "seed000_grpo_l512_async.yaml"
+ASYNC = RECIPES / "countdown" / "qwen3_1.7b_grpo_l512_async.yaml"
 # The two-GPU layout: vLLM on GPU 0, one training process on GPU 1 (accelerate_configs/vllm_server_gpu0_train_gpu1).
 TWO_GPUS = RunContext(check_packages=False, train_devices=("1",), server_devices=("0",), gpu_memory_gib=80,
                       memory_limit_gib=80, label="vllm_server_gpu0_train_gpu1.yaml")  # fmt: skip
@@ -54,7 +54,7 @@ def test_staleness_below_the_steps_per_batch_says_when_the_next_batch_is_request
 
 
 def test_no_async_line_without_async_and_a_synchronous_line_at_zero(tmp_path):
-    plain = _report(tmp_path, RECIPES / "countdown" / "seed000_grpo_l512.yaml").render()
+    plain = _report(tmp_path, RECIPES / "countdown" / "qwen3_1.7b_grpo_l512.yaml").render()
     assert "async:" not in plain
     zero = _report(tmp_path, ASYNC, "--max_staleness", "0").render()
     assert "async:   max_staleness 0: generation is synchronous (nothing requested ahead)" in zero

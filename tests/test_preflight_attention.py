@@ -1,9 +1,10 @@
-"""FlashAttention-2 in the recipes that follow seed 001's loading, and the fallback to sdpa where it cannot run.
+"""FlashAttention-2 in the recipes that follow NYU Assignment 3's loading, and the fallback to sdpa where it cannot
+run.
 
-Seed 001 (section 4.1) loads its policy in bf16 with FlashAttention-2; its recipes (countdown/seed001*, sft/*, and
-math/*, the same model) ask for it through `model_init_kwargs`. Without `flash_attn` (this machine) or on the CPU,
-transformers itself refuses to load FlashAttention-2 (checked below), so the run loads sdpa instead, says so, and
-the preflight prints which attention runs.
+NYU Assignment 3 (section 4.1) loads its policy in bf16 with FlashAttention-2; its recipes
+(countdown/qwen2.5_math_1.5b_instruct_*, sft/*, and math/*, the same model) ask for it through `model_init_kwargs`.
+Without `flash_attn` (the suite installs none) or on the CPU, transformers itself refuses to load FlashAttention-2
+(checked below), so the run loads sdpa instead, says so, and the preflight prints which attention runs.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ def _parse(recipe: str, *extra: str):
 @pytest.mark.parametrize(
     ("recipe", "asked"),
     [
-        ("countdown/seed001.yaml", "flash_attention_2"),
-        ("countdown/seed001_lr_3e-5.yaml", "flash_attention_2"),  # through the base: chain
+        ("countdown/qwen2.5_math_1.5b_instruct_grpo.yaml", "flash_attention_2"),
+        ("countdown/qwen2.5_math_1.5b_instruct_lr_3e-5.yaml", "flash_attention_2"),  # through the base: chain
         ("math/r1_zero.yaml", "flash_attention_2"),
         ("math/no_std.yaml", "flash_attention_2"),
-        ("gsm8k/r1_zero.yaml", None),  # seed 002 names no attention: unchanged
-        ("countdown/seed000_grpo_l256_1gpu.yaml", None),
+        ("gsm8k/r1_zero.yaml", None),  # NLPDL HW3 names no attention: unchanged
+        ("countdown/qwen3_1.7b_grpo_l256_1gpu.yaml", None),
     ],
 )
 def test_which_recipes_ask_and_what_the_preflight_prints(recipe, asked):
@@ -103,8 +104,8 @@ def test_transformers_refuses_flash_attention_2_here(tmp_path):
 
 @needs_no_flash_attn
 def test_the_sft_recipe_asks_for_flash_attention_2_and_trains_with_sdpa(tmp_path, caplog, capsys):
-    """recipes/sft/base.yaml (seed 001's loading) on a tiny model: its preflight prints the fallback, the trainer
-    loads sdpa with a warning saying why, and one optimizer step runs."""
+    """recipes/sft/base.yaml (NYU Assignment 3's loading) on a tiny model: its preflight prints the fallback, the
+    trainer loads sdpa with a warning saying why, and one optimizer step runs."""
     from trl_ext.recipes.data import load_sft_datasets
     from trl_ext.recipes.entry import sft_entry_preflight
     from trl_ext.recipes.training import build_sft_trainer

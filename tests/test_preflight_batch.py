@@ -15,7 +15,7 @@ from trl_ext.recipes import cli_overrides, stated_values
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-SEEDS = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "per_device_train_batch_size": 2}
+COURSE_BATCH = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "per_device_train_batch_size": 2}
 
 
 def test_absent_fields_take_trls_own_defaults():
@@ -51,9 +51,10 @@ def test_one_process_layout_equals_the_parsed_config(recipe):
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("recipe", [r for r in grpo_recipes() if r != "gsm8k/seed004.yaml"])  # below: one GPU's run
+# below: one GPU's run
+@pytest.mark.parametrize("recipe", [r for r in grpo_recipes() if r != "gsm8k/qwen2.5_1.5b_instruct_grpo.yaml"])
 def test_every_recipe_splits_its_batches_on_2_4_8_processes(recipe, world):
-    """The defining equations, with the seeds' completions per step unchanged. Bug caught: a recipe whose GA is
+    """The defining equations, with the courses' completions per step unchanged. Bug caught: a recipe whose GA is
     fixed (e.g. 128) so that 256 cannot be split over 4 processes."""
     stated = stated_values(RECIPES / recipe)
     one, layout = plan_batches(stated, 1), plan_batches(stated, world)
@@ -67,9 +68,9 @@ def test_every_recipe_splits_its_batches_on_2_4_8_processes(recipe, world):
     assert layout.eval_requests == -(-1024 // (layout.per_device_eval_batch_size * world))
 
 
-def test_seed004s_reported_run_is_four_completions_a_step():
-    """Seed 004's own run (one question x group 4 a step) splits over up to 4 processes and is refused on 8."""
-    stated = stated_values(RECIPES / "gsm8k" / "seed004.yaml")
+def test_gsm8k_reports_run_is_four_completions_a_step():
+    """The GSM8K report's own run (one question x group 4 a step) splits over up to 4 processes and is refused on 8."""
+    stated = stated_values(RECIPES / "gsm8k" / "qwen2.5_1.5b_instruct_grpo.yaml")
     one, four = plan_batches(stated, 1), plan_batches(stated, 4)
     assert (one.per_device_train_batch_size, one.gradient_accumulation_steps) == (1, 4)
     assert (four.per_device_train_batch_size, four.gradient_accumulation_steps) == (1, 1)
@@ -78,27 +79,27 @@ def test_seed004s_reported_run_is_four_completions_a_step():
 
 
 def test_seven_processes_fail_with_fixes_that_pass():
-    """Issue #11: 256 completions cannot split over 7 processes; the README's `--gradient_accumulation_steps 18`
+    """256 completions cannot split over 7 processes; the README's `--gradient_accumulation_steps 18`
     fails too. Each suggested fix must make the check pass when applied."""
     with pytest.raises(PreflightError) as err:
-        plan_batches(SEEDS, 7)
+        plan_batches(COURSE_BATCH, 7)
     message = str(err.value)
     assert "train_batch_size: 256 completions per optimizer step do not split" in message
     assert "train on 1 / 2 / 4 / 8 / 16 process(es)" in message
-    assert check_batches({**SEEDS, "gradient_accumulation_steps": 18}, 7)[0] is None
-    fixes = suggest_batch_fixes(SEEDS, 7)
+    assert check_batches({**COURSE_BATCH, "gradient_accumulation_steps": 18}, 7)[0] is None
+    fixes = suggest_batch_fixes(COURSE_BATCH, 7)
     flag_fixes = [fix.split(" (")[0] for fix in fixes if fix.startswith("--")]
     assert flag_fixes == [
         "--rollout_batch_size 224 --train_batch_size 224",
         "--rollout_batch_size 280 --train_batch_size 280",
     ]
     for fix in flag_fixes:
-        layout = plan_batches({**SEEDS, **cli_overrides(fix.split())}, 7)
+        layout = plan_batches({**COURSE_BATCH, **cli_overrides(fix.split())}, 7)
         assert layout.per_device_train_batch_size * layout.gradient_accumulation_steps * 7 == layout.train_batch_size
 
 
 def test_a_fixed_ga_gets_a_flag_fix_for_the_world_size():
-    """The old recipes stated GA 128: on 4 processes 256 % (128 x 4) != 0. The fix is a pair of flags that works."""
+    """A recipe that states GA 128: on 4 processes 256 % (128 x 4) != 0. The fix is a pair of flags that works."""
     old = {"rollout_batch_size": 256, "group_size": 8, "train_batch_size": 256, "gradient_accumulation_steps": 128}
     assert plan_batches(old, 2).per_device_train_batch_size == 1  # 2 processes still divide
     with pytest.raises(PreflightError, match=r"train_batch_size: 256 must be .*=128 x 4 process\(es\) = 512"):
@@ -109,20 +110,20 @@ def test_a_fixed_ga_gets_a_flag_fix_for_the_world_size():
 
 
 def test_bad_values_and_contradictions_name_their_field():
-    assert check_batches({**SEEDS, "group_size": "eight"}, 1)[1][0].field == "group_size"
-    assert check_batches({**SEEDS, "rollout_batch_size": 252}, 1)[1][0].field == "rollout_batch_size"  # 252 % 8
-    contradiction = {**SEEDS, "gradient_accumulation_steps": 64}  # 256 / 64 = 4 per device, not 2
+    assert check_batches({**COURSE_BATCH, "group_size": "eight"}, 1)[1][0].field == "group_size"
+    assert check_batches({**COURSE_BATCH, "rollout_batch_size": 252}, 1)[1][0].field == "rollout_batch_size"  # 252 % 8
+    contradiction = {**COURSE_BATCH, "gradient_accumulation_steps": 64}  # 256 / 64 = 4 per device, not 2
     assert check_batches(contradiction, 1)[1][0].field == "per_device_train_batch_size"
-    odd_eval = {**SEEDS, "eval_strategy": "steps", "per_device_eval_batch_size": 3, "num_generations_eval": 2}
+    odd_eval = {**COURSE_BATCH, "eval_strategy": "steps", "per_device_eval_batch_size": 3, "num_generations_eval": 2}
     assert check_batches(odd_eval, 1)[1][0].field == "per_device_eval_batch_size"  # TRL: 3 x 1 % 2 != 0
     assert check_batches({**odd_eval, "eval_split": "none"}, 1)[0] is not None  # no validation, nothing to split
 
 
 def test_ga_is_derived_only_when_the_recipe_gives_the_micro_batch():
-    assert derive_gradient_accumulation(SEEDS, 4) == 32
-    assert derive_gradient_accumulation({**SEEDS, "gradient_accumulation_steps": 8}, 4) is None  # stated: kept
+    assert derive_gradient_accumulation(COURSE_BATCH, 4) == 32
+    assert derive_gradient_accumulation({**COURSE_BATCH, "gradient_accumulation_steps": 8}, 4) is None  # stated: kept
     assert derive_gradient_accumulation({"train_batch_size": 256}, 4) is None  # no micro-batch: config derives it
-    assert derive_gradient_accumulation(SEEDS, 3) is None  # indivisible: left for the check to report
+    assert derive_gradient_accumulation(COURSE_BATCH, 3) is None  # indivisible: left for the check to report
 
 
 def test_cli_overrides_read_flags_as_trl_parser_does():

@@ -40,7 +40,7 @@ SMI_QUERY = """0, GPU-aaaaaaaa-0000-0000-0000-000000000000, 81559, 81000
 
 
 def test_driver_570_refused_for_torch_built_for_cuda_13_with_the_fix():
-    """Issue #23 item 3: PyPI's torch 2.13.0 (cuda-toolkit 13.0.3) on a 535/550/570 driver sees no GPU, silently.
+    """Bug caught: PyPI's torch 2.13.0 (cuda-toolkit 13.0.3) on a 535/550/570 driver sees no GPU, silently.
     Driver 570 supports CUDA 12.8: refused, naming 580; 580 (CUDA 13.0) passes; a CUDA 12.8 build passes on 570."""
     assert parse_nvidia_smi(SMI_570) == ("570.86.15", (12, 8))
     problem = driver_problem(SMI_570, "13.0", "torch 2.13.0")
@@ -91,7 +91,7 @@ def test_make_install_stops_at_an_old_driver_before_installing(fake_smi, tmp_pat
 
 
 def test_extras_cover_every_package_the_preflight_requires():
-    """Issue #23 item 15: bitsandbytes (seed 004's 8-bit AdamW) was in no extra. Each package the preflight can
+    """Bug caught: bitsandbytes (the GSM8K report's 8-bit AdamW) was in no extra. Each package the preflight can
     require is an extra of pyproject.toml, and the preflight's fix names it."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for module, reason in {"vllm": "use_vllm: x", "deepspeed": "zero: x", "bitsandbytes": "optim: x"}.items():
@@ -102,7 +102,7 @@ def test_extras_cover_every_package_the_preflight_requires():
 
 
 def test_free_memory_of_each_gpu_by_index_or_uuid():
-    """Issue #23 item 8: the plan was checked against each GPU's total memory. The limit is the smallest FREE memory
+    """Bug caught: the plan was checked against each GPU's total memory. The limit is the smallest FREE memory
     of the training GPUs; the total stays for the colocated vLLM's share."""
     gpus = parse_gpu_memory(SMI_QUERY + "garbage line\n")
     assert gpus[1] == GpuMemory("1", "GPU-bbbbbbbb-0000-0000-0000-000000000000", 81559 / 1024, 20119 / 1024)
@@ -116,7 +116,7 @@ def test_launch_checks_free_memory_and_refuses_another_device_order(fake_smi, tm
     GiB, is refused against its 19.6 GiB free; on GPU 0 the limit is its free 79.1 GiB. CUDA numbers GPUs fastest
     first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so another order is refused, and both commands get PCI_BUS_ID."""
     fake_smi(SMI_580)
-    config = RECIPES / "countdown" / "seed000_grpo_l512.yaml"
+    config = RECIPES / "countdown" / "qwen3_1.7b_grpo_l512.yaml"
     args = ["--output_dir", str(tmp_path / "run")]
 
     def plan(accelerate: str, **environ: str):

@@ -61,8 +61,8 @@ def test_missing_architecture_field_is_named():
     assert shape is None and "not a shipped model" in source
 
 
-def test_seed000_drgrpo_l256_by_hand():
-    """recipes/countdown/seed000_drgrpo_l256.yaml on one GPU, server mode: every component computed by hand.
+def test_qwen3_countdown_drgrpo_l256_by_hand():
+    """recipes/countdown/qwen3_1.7b_drgrpo_l256.yaml on one GPU, server mode: every component computed by hand.
 
     P = 1,720,574,976; fp32 master weights with torch AdamW (foreach): weights 4P, gradients 4P, states 8P, the
     step's foreach temporary 4P. H = 2048, L = 28, I = 6144, q = 2048, kv = 1024, V = 151,936.
@@ -74,8 +74,8 @@ def test_seed000_drgrpo_l256_by_hand():
     a 4096 x 32768 tile 268,435,456. bf16 autocast keeps a copy of each decoder linear weight through a forward
     (train and validation): 2 x L x (2048 x (2048 + 1024 + 1024) + 2048 x 2048 + 3 x 2048 x 6144) = 2,818,572,288.
     """
-    script, args, model = _parse("countdown/seed000_drgrpo_l256.yaml")
-    recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
+    script, args, model = _parse("countdown/qwen3_1.7b_drgrpo_l256.yaml")
+    recipe = RECIPES / "countdown/qwen3_1.7b_drgrpo_l256.yaml"
     report = check_recipe("countdown", recipe, [], (script, args, model), _ctx(), stated_values(recipe))
     phases = report.estimate.phases
     p = QWEN3_1_7B_PARAMS
@@ -143,19 +143,19 @@ def _layout(stated):
 
 
 def test_pure_bf16_variant_halves_weights_and_states():
-    fp32 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256.yaml"), _ctx(), {}).estimate
-    bf16 = check_recipe("countdown", None, [], _parse("countdown/seed000_grpo_l256_pure_bf16.yaml"), _ctx(), {})
+    fp32 = check_recipe("countdown", None, [], _parse("countdown/qwen3_1.7b_grpo_l256.yaml"), _ctx(), {}).estimate
+    bf16 = check_recipe("countdown", None, [], _parse("countdown/qwen3_1.7b_grpo_l256_pure_bf16.yaml"), _ctx(), {})
     bf16 = bf16.estimate
     for part in ("weights", "gradients", "optimizer states"):
         assert bf16.phases["train"][part] * 2 == fp32.phases["train"][part]
 
 
-def test_seed004_fits_24_gib_and_each_knob_really_fits():
-    """Seed 004's recipe fits one 24 GiB GPU; with fp32 AdamW instead of 8-bit it does not, and every knob the
+def test_gsm8k_report_recipe_fits_24_gib_and_each_knob_really_fits():
+    """The GSM8K report's recipe fits one 24 GiB GPU; with fp32 AdamW instead of 8-bit it does not, and every knob the
     preflight offers brings its own re-estimate under the limit. Bug caught: a knob list that does not fit."""
     shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
-    recipe = RECIPES / "gsm8k/seed004_24gb.yaml"
-    parsed = _parse("gsm8k/seed004_24gb.yaml")
+    recipe = RECIPES / "gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml"
+    parsed = _parse("gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml")
     report = check_recipe(
         "gsm8k", recipe, [], parsed, _ctx(gpu_memory_gib=24, memory_limit_gib=24), stated_values(recipe)
     )
@@ -171,7 +171,7 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
         "gsm8k",
         recipe,
         ["--optim", "adamw_torch"],
-        _parse("gsm8k/seed004_24gb.yaml", "--optim", "adamw_torch"),
+        _parse("gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml", "--optim", "adamw_torch"),
         _ctx(memory_limit_gib=24, gpu_memory_gib=24),
         stated_values(recipe, ["--optim", "adamw_torch"]),
     )
@@ -181,7 +181,7 @@ def test_seed004_fits_24_gib_and_each_knob_really_fits():
 
 @pytest.mark.parametrize(("name", "extra_gib"), [("Qwen/Qwen2.5-1.5B-Instruct", 1.30), ("Qwen/Qwen3-1.7B", 1.74)])
 def test_8bit_adamw_keeps_32bit_states_for_the_embedding(name, extra_gib):
-    """Issue #23 item 7: the estimate counted 2 bytes of 8-bit AdamW state per parameter everywhere, but the HF
+    """Bug caught: the estimate counted 2 bytes of 8-bit AdamW state per parameter everywhere, but the HF
     Trainer registers 32-bit states for every nn.Embedding when it builds a bitsandbytes 8-bit optimizer (checked in
     transformers' own source below). States: 2 (P - E) + 8 E bytes, E = V x H; torchao's 8-bit AdamW has no such
     override; Lion keeps one state (1 / 4 bytes); LoRA freezes the embedding; ZeRO shards it with the fp32 copy."""
@@ -199,7 +199,7 @@ def test_8bit_adamw_keeps_32bit_states_for_the_embedding(name, extra_gib):
         return estimate_memory(shape, TrainingSetup(**kwargs)).phases["train"]["optimizer states"]
 
     assert states(optim="adamw_bnb_8bit") == 2 * (p - e) + 8 * e
-    assert round(6 * e / GIB, 2) == extra_gib  # the issue's +1.3 / +1.7 GiB
+    assert round(6 * e / GIB, 2) == extra_gib  # 6 more bytes per embedding entry: +1.30 / +1.74 GiB
     assert states(optim="paged_adamw_8bit") == states(optim="adamw_8bit") == 2 * (p - e) + 8 * e
     assert states(optim="adamw_torch_8bit") == 2 * p
     assert states(optim="lion_8bit") == (p - e) + 4 * e
@@ -208,7 +208,7 @@ def test_8bit_adamw_keeps_32bit_states_for_the_embedding(name, extra_gib):
 
 
 def test_sleeping_colocated_vllm_keeps_its_allowance_while_training():
-    """Issue #23 item 7: a colocated vLLM asleep was counted as nothing while the trainer steps; it keeps its CUDA
+    """Bug caught: a colocated vLLM asleep was counted as nothing while the trainer steps; it keeps its CUDA
     graphs (`SLEEPING_VLLM_GIB`). Awake it holds its whole share (0.3 x 24 GiB) in every phase."""
     shape, _ = load_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
     colocate = TrainingSetup(generator="colocate", vllm_gpu_memory_utilization=0.3, gpu_memory_gib=24)
@@ -220,11 +220,11 @@ def test_sleeping_colocated_vllm_keeps_its_allowance_while_training():
 
 
 def test_checkpoint_sizes_and_the_weight_pushes_of_a_validation_are_stated():
-    """Issue #23 items 14 and 12. Qwen3-1.7B with fp32 master weights and AdamW: a checkpoint is 4P + 8P bytes
+    """Qwen3-1.7B with fp32 master weights and AdamW: a checkpoint is 4P + 8P bytes
     (20.6 GB), two exist while a save rotates the old one out (save_total_limit 1; 4 saves in 200 steps at 0.25),
-    the final model is 4P (fp32, kept on purpose: preflight.disk). Seed 004's sleeping vLLM re-pushes every weight
-    at each generation call: 1024 validation problems in batches of 32 are 32 pushes per validation."""
-    recipe = RECIPES / "countdown/seed000_drgrpo_l256.yaml"
+    the final model is 4P (fp32, kept on purpose: preflight.disk). The GSM8K report's sleeping vLLM re-pushes every
+    weight at each generation call: 1024 validation problems in batches of 32 are 32 pushes per validation."""
+    recipe = RECIPES / "countdown/qwen3_1.7b_drgrpo_l256.yaml"
     report = check_recipe("countdown", recipe, [], _parse(recipe.relative_to(RECIPES).as_posix()), _ctx(),
                           stated_values(recipe))  # fmt: skip
     p = QWEN3_1_7B_PARAMS
@@ -233,9 +233,16 @@ def test_checkpoint_sizes_and_the_weight_pushes_of_a_validation_are_stated():
     assert disk.checkpoints_at_once == 2 and disk.peak == 28 * p
     line = "disk:    checkpoint 20.6 GB each (weights 6.9 fp32 + optimizer states 13.8), 2 at once while saving"
     assert f"  {line}; final model 6.9 GB (fp32): up to 48.2 GB in output_dir" in report.render()
-    seed004 = RECIPES / "gsm8k/seed004_24gb.yaml"
+    gsm8k_24gb = RECIPES / "gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml"
     context = _ctx(gpu_memory_gib=24, memory_limit_gib=24)
-    small = check_recipe("gsm8k", seed004, [], _parse("gsm8k/seed004_24gb.yaml"), context, stated_values(seed004))
+    small = check_recipe(
+        "gsm8k",
+        gsm8k_24gb,
+        [],
+        _parse("gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml"),
+        context,
+        stated_values(gsm8k_24gb),
+    )
     assert "re-pushes all weights (32 per validation, 32 prompts each" in small.render()
     p4, e4 = small.shape.params, small.shape.embedding_params  # 8-bit AdamW checkpoints its 32-bit embedding states
     assert (small.disk.checkpoint_weights, small.disk.checkpoint_optimizer) == (4 * p4, 2 * (p4 - e4) + 8 * e4)

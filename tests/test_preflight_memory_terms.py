@@ -1,4 +1,4 @@
-"""trl_ext.preflight.memory, issue 32 items 1-3: memory the estimate missed. DeepSpeed keeps AdamW's states in fp32,
+"""trl_ext.preflight.memory: memory terms an estimate can miss. DeepSpeed keeps AdamW's states in fp32,
 TRL loads a reference copy when beta != 0, and bf16 autocast caches a bf16 copy of every fp32 weight that requires
 grad until its region exits; each term checked by hand, against the upstream source it rests on, or measured.
 
@@ -43,8 +43,8 @@ def shape():
 
 @pytest.mark.parametrize(("stage", "world"), [(1, 1), (2, 4), (3, 4)])
 def test_zero_keeps_the_master_copy_and_adamw_states_in_fp32(stage, world):
-    """Item 1. Bug caught: under DeepSpeed the weights are bf16 (2 bytes), and the states were priced at the
-    weights' dtype, (4 + 2 x 2) P / W. DeepSpeed's bf16 optimizer keeps the fp32 master copy and both AdamW moments
+    """DeepSpeed's states. Bug caught: under DeepSpeed the weights are bf16 (2 bytes), and the states were priced at
+    the weights' dtype, (4 + 2 x 2) P / W. DeepSpeed's bf16 optimizer keeps the fp32 master copy and both AdamW moments
     in fp32: K = 12 bytes per parameter in the ZeRO paper's mixed-precision Adam (https://arxiv.org/abs/1910.02054,
     section 3.1: "an fp32 copy of the parameters, momentum and variance"), sharded over W."""
     estimate = _report(world_size=world, zero_stage=stage, distributed_type="DEEPSPEED").estimate
@@ -55,8 +55,9 @@ def test_zero_keeps_the_master_copy_and_adamw_states_in_fp32(stage, world):
 
 
 def test_reference_model_is_created_as_trl_1_16_creates_it():
-    """Item 2, the upstream facts the term rests on: GRPOTrainer builds a reference copy unless beta is 0 or the
-    policy is a PEFT model, in the policy's dtype; DeepSpeed prepares it at stage 0 (a full copy) unless ZeRO-3."""
+    """The reference copy, the upstream facts the term rests on: GRPOTrainer builds a reference copy unless beta is 0
+    or the policy is a PEFT model, in the policy's dtype; DeepSpeed prepares it at stage 0 (a full copy) unless
+    ZeRO-3."""
     from trl import GRPOTrainer
     from trl.models.utils import prepare_deepspeed
 
@@ -70,9 +71,9 @@ def test_reference_model_is_created_as_trl_1_16_creates_it():
 
 
 def test_reference_model_weights_and_forward_by_hand():
-    """Item 2. `--beta 0.04` on one GPU, fp32 master weights, server mode: a 4P fp32 copy in every phase, and a
-    reference phase after generation: the copy's no-grad forward of one micro-batch, 2 x (266 + 1024) = 2580 tokens
-    x (2 H 4 + 2 (2 q + 2 kv + 3 I)) = 2580 x 65,536 + 2048 scored x H x 4 + one 2048 x 32768 bf16 tile, and its
+    """The reference copy. `--beta 0.04` on one GPU, fp32 master weights, server mode: a 4P fp32 copy in every phase,
+    and a reference phase after generation: the copy's no-grad forward of one micro-batch, 2 x (266 + 1024) = 2580
+    tokens x (2 H 4 + 2 (2 q + 2 kv + 3 I)) = 2580 x 65,536 + 2048 scored x H x 4 + one 2048 x 32768 bf16 tile, and its
     autocast cache (the copy's weights are fp32 leaves that require grad)."""
     estimate = _report("--beta", "0.04").estimate
     for phase in ("train", "optimizer step", "generation", "reference", "eval"):
@@ -89,8 +90,8 @@ def test_reference_model_weights_and_forward_by_hand():
 
 
 def test_beta_run_that_does_not_fit_is_refused():
-    """Item 2. Bug caught: a `--beta 0.04` run passed the preflight on memory it would not have. On one 40 GiB GPU
-    the recipe fits without the reference copy and not with it (the copy adds 4P = 6.41 GiB to every phase)."""
+    """The reference copy. Bug caught: a `--beta 0.04` run passed the preflight on memory it would not have. On one 40
+    GiB GPU the recipe fits without the reference copy and not with it (the copy adds 4P = 6.41 GiB to every phase)."""
     fits = _report(gpu_memory_gib=40, memory_limit_gib=40)
     assert not [p for p in fits.problems if p.field == "gpu memory"]
     refused = _report("--beta", "0.04", gpu_memory_gib=40, memory_limit_gib=40)
@@ -100,8 +101,8 @@ def test_beta_run_that_does_not_fit_is_refused():
 
 
 def test_reference_copy_dtype_and_sharding(shape):
-    """Item 2: pure bf16 loads a 2P copy; DeepSpeed's engine casts it to bf16 (2P at ZeRO-1/2) and shards it at
-    ZeRO-3 (2P / W); LoRA has none."""
+    """The reference copy: pure bf16 loads a 2P copy; DeepSpeed's engine casts it to bf16 (2P at ZeRO-1/2) and shards
+    it at ZeRO-3 (2P / W); LoRA has none."""
 
     def reference(**fields):
         return estimate_memory(shape, TrainingSetup(beta=0.04, **fields)).phases["train"].get("reference model")
@@ -130,10 +131,10 @@ class _ParameterCasts(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2"])
 def test_autocast_caches_each_trainable_linear_weight_once_per_region(model_type):
-    """Item 3, measured on the CPU (torch 2.13): under bf16 autocast an fp32 leaf that requires grad is cast once per
-    outermost region and served from the cache after (inside no_grad too: the validation and reference forwards);
-    a frozen one is cast at every use; a new region casts again. What is cast is every decoder linear layer's weight
-    and bias, not the embedding (F.embedding is not an autocast op) nor the norms (elementwise): exactly
+    """The autocast cache, measured on the CPU (torch 2.13): under bf16 autocast an fp32 leaf that requires grad is
+    cast once per outermost region and served from the cache after (inside no_grad too: the validation and reference
+    forwards); a frozen one is cast at every use; a new region casts again. What is cast is every decoder linear
+    layer's weight and bias, not the embedding (F.embedding is not an autocast op) nor the norms (elementwise): exactly
     `ModelShape.layer_linear_params` per layer. The body is run, as TRL's fused head does (it casts its own slices of
     the head). torch's `cached_cast` (aten/src/ATen/autocast_mode.cpp) keys the rule on the device's lower-precision
     dtype, fp32, requires_grad, is_leaf and not a view, the same on CUDA."""
@@ -169,8 +170,8 @@ def test_autocast_caches_each_trainable_linear_weight_once_per_region(model_type
 
 
 def test_autocast_cache_in_the_train_and_eval_phases(shape):
-    """Item 3. Bug caught: fp32 master weights under bf16 autocast hold a bf16 copy of every decoder linear weight
-    through each forward (2.62 GiB for Qwen3-1.7B), which the train and eval phases did not count. None in pure
+    """The autocast cache. Bug caught: fp32 master weights under bf16 autocast hold a bf16 copy of every decoder linear
+    weight through each forward (2.62 GiB for Qwen3-1.7B), which the train and eval phases did not count. None in pure
     bf16 (nothing to cast) or under DeepSpeed (accelerate turns autocast off; the weights are bf16); LoRA: the fp32
     adapters only (the frozen base is cast at each use)."""
     assert shape.layer_linear_params == LAYER_LINEAR and round(CACHE / GIB, 2) == 2.62
@@ -188,15 +189,16 @@ def test_autocast_cache_in_the_train_and_eval_phases(shape):
 
 
 def test_validation_forward_runs_beside_a_sleeping_engine():
-    """Item 3's neighbour: TRL 1.16 puts a colocated engine in sleep mode back to sleep right after `llm.generate`
-    (`VLLMGeneration.generate`), before the scoring and the validation loss forward, so the eval phase holds the
-    sleeping allowance, not the engine's share. Seed 004's 24 GB recipe: train phase 21.2 GiB is the peak."""
+    """Beside the autocast cache: TRL 1.16 puts a colocated engine in sleep mode back to sleep right after
+    `llm.generate` (`VLLMGeneration.generate`), before the scoring and the validation loss forward, so the eval phase
+    holds the sleeping allowance, not the engine's share. The GSM8K report's 24 GB recipe: train phase 21.2 GiB is the
+    peak."""
     from trl.generation.vllm_generation import VLLMGeneration
 
     source = inspect.getsource(VLLMGeneration.generate)
     after = source[source.index("self.llm.generate(") :]
     assert "if self.enable_sleep_mode:\n                self.llm.sleep(level=2)" in after
-    recipe = RECIPES / "gsm8k" / "seed004_24gb.yaml"
+    recipe = RECIPES / "gsm8k" / "qwen2.5_1.5b_instruct_grpo_24gb.yaml"
     estimate = _report(recipe=recipe, gpu_memory_gib=24, memory_limit_gib=24).estimate
     assert estimate.phases["eval"]["sleeping vLLM"] == SLEEPING_VLLM_GIB * GIB
     assert "colocated vLLM" not in estimate.phases["eval"]

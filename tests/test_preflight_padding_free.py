@@ -1,7 +1,7 @@
-"""trl_ext.preflight with `padding_free` (issue 24): the estimate follows a micro-batch's expected tokens, the log-prob
+"""trl_ext.preflight with `padding_free`: the estimate follows a micro-batch's expected tokens, the log-prob
 head its tiles, and the plan picks the micro-batch / GA that fits; every number computed by hand.
 
-Qwen/Qwen3-1.7B (recipes/countdown/seed000_grpo_l512.yaml, one GPU, server mode, fp32 master weights, torch AdamW):
+Qwen/Qwen3-1.7B (recipes/countdown/qwen3_1.7b_grpo_l512.yaml, one GPU, server mode, fp32 master weights, torch AdamW):
 P = 1,720,574,976, H = 2048, L = 28, I = 6144, q = 2048, kv = 1024, V = 151,936. Checkpointed activations keep
 471,040 bytes per token (L x H x 4 = 229,376 plus two layers' internals 2 x 120,832; see test_preflight_memory.py).
 The log-prob head of s scored tokens: TRL's fp32 LM-head gradient V x H x 4 = 1,244,659,712, plus s x H x (4 + 4),
@@ -23,7 +23,7 @@ from trl_ext.preflight.plan import RunContext, check_recipe
 from trl_ext.preflight.setup import EXPECTED_COMPLETION_FRACTION, TrainingSetup, training_setup
 from trl_ext.recipes import parse_recipe_args, stated_values
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "seed000_grpo_l512.yaml"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "countdown" / "qwen3_1.7b_grpo_l512.yaml"
 P = 1_720_574_976
 PER_TOKEN = 471_040
 HEAD_GRAD = 1_244_659_712
@@ -61,7 +61,7 @@ def test_padded_l512_by_hand(shape):
 
 def test_padding_free_uses_the_expected_completion_tokens(shape):
     # Default: half of 512 = 256 per row, so 2 x (266 + 256) = 1044 tokens and 512 scored: the same train phase as
-    # the padded L256 recipe (test_preflight_memory.test_seed000_drgrpo_l256_by_hand).
+    # the padded L256 recipe (test_preflight_memory.test_qwen3_countdown_drgrpo_l256_by_hand).
     setup = _setup(True)
     assert EXPECTED_COMPLETION_FRACTION == 0.5 and setup.row_completion_tokens == 256
     estimate = estimate_memory(shape, setup)

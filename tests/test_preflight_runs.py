@@ -48,7 +48,7 @@ def test_same_config_needs_resume_and_continues_the_latest_checkpoint(tmp_path):
 
 
 def test_another_config_is_refused_naming_both_even_with_resume(tmp_path):
-    """Issue #11: `--config lr_3e-5.yaml --learning_rate 1e-4` continued the old run."""
+    """Bug caught: `--config lr_3e-5.yaml --learning_rate 1e-4` continued the old run."""
     write_record(tmp_path, _record(3e-5))
     (tmp_path / "checkpoint-5").mkdir()
     new = make_record(
@@ -103,7 +103,7 @@ def test_wandb_without_login_then_explicit_resume(tmp_path):
     config.write_text(
         "\n".join(
             [
-                f"base: {REPO / 'recipes' / 'countdown' / 'seed000_drgrpo_l256.yaml'}",
+                f"base: {REPO / 'recipes' / 'countdown' / 'qwen3_1.7b_drgrpo_l256.yaml'}",
                 f"model_name_or_path: {model}",
                 "dtype: float32",
                 f"dataset_source: {data}",

@@ -65,7 +65,7 @@ def _state_dict(model) -> dict:
 
 @pytest.mark.slow
 def test_countdown_recipe_two_grpo_steps(tmp_path):
-    """recipes/countdown.py on recipes/countdown/seed000_drgrpo_l256.yaml, shrunk: 2 GRPO steps on a tiny model."""
+    """recipes/countdown.py on recipes/countdown/qwen3_1.7b_drgrpo_l256.yaml, shrunk: 2 GRPO steps on a tiny model."""
     from transformers import AutoModelForCausalLM
 
     from trl_ext.rewards import countdown_reward_fn
@@ -80,7 +80,7 @@ def test_countdown_recipe_two_grpo_steps(tmp_path):
     config = _write_yaml(
         tmp_path / "tiny_drgrpo.yaml",
         [
-            f"base: {REPO / 'recipes' / 'countdown' / 'seed000_drgrpo_l256.yaml'}",
+            f"base: {REPO / 'recipes' / 'countdown' / 'qwen3_1.7b_drgrpo_l256.yaml'}",
             f"model_name_or_path: {model_dir}",
             "dtype: float32",
             f"dataset_source: {data}",
@@ -130,8 +130,8 @@ def test_countdown_recipe_two_grpo_steps(tmp_path):
     for entry in train_logs:
         assert math.isfinite(entry["loss"])
         assert 0.0 <= entry["reward"] <= 1.0  # the countdown reward's range
-        # the only reward function: seed 000's own verifier, from the recipe chain
-        assert entry["rewards/countdown_reward_seed000/mean"] == pytest.approx(entry["reward"])
+        # the only reward function: Assignment 2's own verifier, from the recipe chain
+        assert entry["rewards/countdown_reward_single_equation/mean"] == pytest.approx(entry["reward"])
         assert 4 <= entry["completions/min_length"] <= entry["completions/max_length"] <= 12  # min_new_tokens, cap
     # validation ran during training (eval_steps 0.05 of 2 steps -> every step) and after it (final_eval)
     eval_logs = [entry for entry in state["log_history"] if "eval_reward" in entry]
@@ -140,13 +140,13 @@ def test_countdown_recipe_two_grpo_steps(tmp_path):
     assert 0.0 <= final_eval["eval_reward"] <= 1.0
 
     # rollout logging is wired in by the recipe (rollout_log_steps 1): example rollouts of both steps, each with the
-    # countdown reward (seed 000's rule) of its own completion and problem
+    # countdown reward (Assignment 2's rule) of its own completion and problem
     rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {1, 2}
     by_prompt = {compact_prompt(p["nums"], p["target"]): p for p in problems[:8]}  # the training split
     for r in rollouts:
-        expected = countdown_reward_fn(r["completion"], by_prompt[r["prompt"]], seed000=True)
-        assert r["rewards"]["countdown_reward_seed000"] == expected
+        expected = countdown_reward_fn(r["completion"], by_prompt[r["prompt"]], single_equation=True)
+        assert r["rewards"]["countdown_reward_single_equation"] == expected
 
     saved = AutoModelForCausalLM.from_pretrained(run_dir)
     init = AutoModelForCausalLM.from_pretrained(model_dir)

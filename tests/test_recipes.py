@@ -51,8 +51,8 @@ def _parse(recipe: str, *extra: str):
 LRS = ("3e-6", "3e-5", "1e-4")
 
 
-def _seed_ablations(task: str) -> dict[str, tuple[str, set[str]]]:
-    """Seeds 002 (GSM8K) and 003 (MATH): the same ablation files on each task, against its r1_zero.yaml."""
+def _course_ablations(task: str) -> dict[str, tuple[str, set[str]]]:
+    """NLPDL HW3 (GSM8K) and 003 (MATH): the same ablation files on each task, against its r1_zero.yaml."""
     root, broad = f"{task}/offpolicy_e1_tb256.yaml", f"{task}/offpolicy_e1_tb256_broad.yaml"
 
     def grid(epochs: int, train: int) -> set[str]:
@@ -99,31 +99,43 @@ DIFFS = {
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "chat_template_kwargs", "reward_funcs"},
     ),
-    # seed 001's own run: its model, data files, prompt as plain text, 1 / 0 reward, temperature and vLLM share
-    "countdown/seed001.yaml": (
+    # NYU Assignment 3's own run: its model, data files, prompt as plain text, 1 / 0 reward, temperature and vLLM share
+    "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml": (
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs", "temperature", "vllm_gpu_memory_utilization"}
         | {"dataset_source", "dataset_split", "eval_source", "eval_split", "model_init_kwargs"},  # + FlashAttention-2
     ),
-    **{f"countdown/seed001_lr_{lr}.yaml": ("countdown/seed001.yaml", {"learning_rate"}) for lr in LRS},
-    "countdown/seed001_no_baseline.yaml": (
-        "countdown/seed001.yaml",
+    **{
+        f"countdown/qwen2.5_math_1.5b_instruct_lr_{lr}.yaml": (
+            "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
+            {"learning_rate"},
+        )
+        for lr in LRS
+    },
+    "countdown/qwen2.5_math_1.5b_instruct_no_baseline.yaml": (
+        "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
         {"pg_loss_type", "use_std_normalization", "advantage_eps"},
     ),
-    "countdown/seed001_masked_normalize.yaml": ("countdown/seed001.yaml", {"length_normalization"}),
-    "countdown/seed001_no_std.yaml": ("countdown/seed001.yaml", {"use_std_normalization", "advantage_eps"}),
-    "countdown/seed000_grpo_l512.yaml": (
+    "countdown/qwen2.5_math_1.5b_instruct_masked_normalize.yaml": (
+        "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
+        {"length_normalization"},
+    ),
+    "countdown/qwen2.5_math_1.5b_instruct_no_std.yaml": (
+        "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
+        {"use_std_normalization", "advantage_eps"},
+    ),
+    "countdown/qwen3_1.7b_grpo_l512.yaml": (
         "countdown/base.yaml",
         {"prompt", "reward_funcs", "pg_loss_type", "epsilon", "max_completion_length"},
     ),
-    "countdown/seed000_grpo_l256.yaml": ("countdown/seed000_grpo_l512.yaml", {"max_completion_length"}),
-    "countdown/seed000_drgrpo_l512.yaml": (
-        "countdown/seed000_grpo_l512.yaml",
+    "countdown/qwen3_1.7b_grpo_l256.yaml": ("countdown/qwen3_1.7b_grpo_l512.yaml", {"max_completion_length"}),
+    "countdown/qwen3_1.7b_drgrpo_l512.yaml": (
+        "countdown/qwen3_1.7b_grpo_l512.yaml",
         {"use_std_normalization", "advantage_eps", "length_normalization"},
     ),
     # compared with GRPO at the same length, not with its `base:` (Dr. GRPO L512)
-    "countdown/seed000_drgrpo_l256.yaml": (
-        "countdown/seed000_grpo_l256.yaml",
+    "countdown/qwen3_1.7b_drgrpo_l256.yaml": (
+        "countdown/qwen3_1.7b_grpo_l256.yaml",
         {"use_std_normalization", "advantage_eps", "length_normalization"},
     ),
     "countdown/lr_3e-6.yaml": ("countdown/base.yaml", {"learning_rate"}),
@@ -135,7 +147,7 @@ DIFFS = {
     "countdown/offpolicy_e1_tb256.yaml": ("countdown/base.yaml", {"pg_loss_type", "epsilon"}),
     **OFF_POLICY,
     "countdown/grpo_no_clip.yaml": ("countdown/offpolicy_e2_tb128.yaml", {"pg_loss_type", "epsilon"}),
-    # issue 17's ablations on the 4-steps-per-rollout grid point, each also with vLLM's importance-sampling fix
+    # DAPO, RLOO and GSPO on the 4-steps-per-rollout grid point, each also with vLLM's importance-sampling fix
     "countdown/dapo.yaml": (
         "countdown/offpolicy_e1_tb64.yaml",
         {"epsilon_high", "length_normalization", "dynamic_sampling", "max_generation_batches", "reward_funcs"},
@@ -149,22 +161,22 @@ DIFFS = {
         f"countdown/{name}_is.yaml": (f"countdown/{name}.yaml", {"vllm_importance_sampling_correction"})
         for name in ("dapo", "rloo", "gspo")
     },
-    # the seeds' exact precision: bf16 weights and AdamW states (the references keep fp32 master weights)
+    # the courses' exact precision: bf16 weights and AdamW states (the references keep fp32 master weights)
     **{
-        f"countdown/seed000_{run}_pure_bf16.yaml": (f"countdown/seed000_{run}.yaml", {"dtype"})
+        f"countdown/qwen3_1.7b_{run}_pure_bf16.yaml": (f"countdown/qwen3_1.7b_{run}.yaml", {"dtype"})
         for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
     },
-    # seed 000 on one GPU (it names one A100, not its size): each run with vLLM colocated on it (issue 31 item 3)
+    # Assignment 2 on one GPU (it names one A100, not its size): each run with vLLM colocated on it
     **{
-        f"countdown/seed000_{run}{precision}_1gpu.yaml": (
-            f"countdown/seed000_{run}{precision}.yaml",
+        f"countdown/qwen3_1.7b_{run}{precision}_1gpu.yaml": (
+            f"countdown/qwen3_1.7b_{run}{precision}.yaml",
             {"vllm_mode", "vllm_gpu_memory_utilization"},
         )
         for run in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512")
         for precision in ("", "_pure_bf16")
     },
-    # seed 004: one 24 GB GPU, group size 8 kept (colocated vLLM with sleep mode, 8-bit AdamW, smaller eval batch)
-    "gsm8k/seed004_24gb.yaml": (
+    # the GSM8K report: one 24 GB GPU, group size 8 kept (colocated vLLM, sleep mode, 8-bit AdamW, smaller eval batch)
+    "gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml": (
         "gsm8k/r1_zero.yaml",
         {
             "model_name_or_path",
@@ -175,19 +187,19 @@ DIFFS = {
             "per_device_eval_batch_size",
         },
     ),
-    # seed 004's own run (section 3's table; tests/test_recipes_seed_table.py pins the values)
-    "gsm8k/seed004.yaml": (
+    # the GSM8K report's own run (section 3's table; tests/test_recipes_course_values.py pins the values)
+    "gsm8k/qwen2.5_1.5b_instruct_grpo.yaml": (
         "gsm8k/r1_zero.yaml",
         {"model_name_or_path", "n_grpo_steps", "group_size", "rollout_batch_size", "train_batch_size"}
         | {"per_device_train_batch_size", "max_completion_length", "learning_rate", "pg_loss_type", "epsilon"}
         | {"dtype", "use_vllm", "eval_steps", "eval_limit"},
     ),
     "gsm8k/r1_zero.yaml": ("grpo_defaults.yaml", {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}),
-    "math/r1_zero.yaml": (  # FlashAttention-2 as seed 001 loads the same model (tests/test_preflight_attention.py)
+    "math/r1_zero.yaml": (  # FlashAttention-2, as NYU Assignment 3 loads it (tests/test_preflight_attention.py)
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs", "model_init_kwargs"},
     ),
-    **{key: value for task in ("gsm8k", "math") for key, value in _seed_ablations(task).items()},
+    **{key: value for task in ("gsm8k", "math") for key, value in _course_ablations(task).items()},
     "kissing/grpo.yaml": (
         "grpo_defaults.yaml",
         {"model_name_or_path", "prompt", "chat_template", "reward_funcs"}
@@ -205,7 +217,7 @@ DIFFS = {
         | {"accuracy_chat", "num_train_epochs"},
     ),
 }
-# The CPU server layout (issue 29): trl_ext.tiny's model on the shipped Countdown problems, a short float32 run with
+# The CPU server layout: trl_ext.tiny's model on the shipped Countdown problems, a short float32 run with
 # TRL's importance-sampling ratio logged and no wandb.
 DIFFS["countdown/cpu_server.yaml"] = (
     "grpo_defaults.yaml",
@@ -214,7 +226,7 @@ DIFFS["countdown/cpu_server.yaml"] = (
     | {"n_grpo_steps", "max_completion_length", "generation_kwargs", "learning_rate", "eval_strategy", "final_eval"}
     | {"vllm_importance_sampling_correction", "report_to", "log_completions", "save_strategy"},
 )
-# A plain CPU run of the same tiny model with transformers generation (the CPU study's arms, issue 37): validation
+# A plain CPU run of the same tiny model with transformers generation (the CPU study's arms): validation
 # and checkpoints every 4 of its 8 steps.
 DIFFS["countdown/cpu_tiny.yaml"] = (
     "grpo_defaults.yaml",
@@ -240,8 +252,8 @@ DIFFS["countdown/cpu_demo_offpolicy_no_clip.yaml"] = (
     "countdown/cpu_demo_offpolicy_clip.yaml",
     {"pg_loss_type", "epsilon"},
 )
-# Asynchronous rollouts (issue 30): generation one optimizer step ahead, with TRL's importance-sampling correction.
-for _async, _sync in (("countdown/seed000_grpo_l512_async.yaml", "countdown/seed000_grpo_l512.yaml"),
+# Asynchronous rollouts: generation one optimizer step ahead, with TRL's importance-sampling correction.
+for _async, _sync in (("countdown/qwen3_1.7b_grpo_l512_async.yaml", "countdown/qwen3_1.7b_grpo_l512.yaml"),
                       ("gsm8k/r1_zero_async.yaml", "gsm8k/r1_zero.yaml")):  # fmt: skip
     DIFFS[_async] = (_sync, {"async_rollouts", "max_staleness", "vllm_importance_sampling_correction"})
 ROOTS = {"grpo_defaults.yaml", "sft/base.yaml", "countdown/cpu_demo.yaml"}
@@ -292,24 +304,30 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":
         assert model_args.model_name_or_path.startswith("Qwen/")
-    if recipe == "gsm8k/seed004.yaml":  # the report's own run: transformers generation, group 4, its own validation
+    # the report's own run: transformers generation, group 4, its own validation
+    if recipe == "gsm8k/qwen2.5_1.5b_instruct_grpo.yaml":
         assert (training_args.use_vllm, training_args.num_generations) == (False, 4)
         return
-    # GPU recipes: vLLM server mode (colocated on the one GPU of seed 004 and seed 000's *_1gpu), wandb, hub ids
-    mode = "colocate" if recipe == "gsm8k/seed004_24gb.yaml" or recipe.endswith("_1gpu.yaml") else "server"
+    # GPU recipes: vLLM server mode (colocated on the one GPU of the GSM8K report's and Assignment 2's *_1gpu
+    # recipes), wandb, hub ids
+    mode = (
+        "colocate"
+        if recipe == "gsm8k/qwen2.5_1.5b_instruct_grpo_24gb.yaml" or recipe.endswith("_1gpu.yaml")
+        else "server"
+    )
     assert (training_args.use_vllm, training_args.vllm_mode) == (True, mode)
     # Validation every 5-10 GRPO steps on >= 1024 problems where the split has them (MATH-500 has 500)
     assert training_args.eval_strategy == "steps"
     assert 5 <= training_args.eval_steps * script_args.n_grpo_steps <= 10
     assert script_args.eval_limit >= 1024 and script_args.eval_split
-    # the seeds' objective constants (the eps only where the advantage divides by a std)
+    # the courses' objective constants (the eps only where the advantage divides by a std)
     assert training_args.advantage_eps == (1e-6 if training_args.advantage_type == "group_mean_std" else None)
     assert training_args.beta == 0.0
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.weight_decay) == (0.9, 0.95, 0.0)
     assert training_args.max_grad_norm == 1.0 and training_args.num_generations == 8
 
 
-def test_seed_batch_arithmetic_on_one_gpu():
+def test_course_batch_arithmetic_on_one_gpu():
     """rollout 256 / group 8 / train 256 / GA 128 -> per-device 2, 128 micro-batches per rollout, 1 step each."""
     script_args, args, _ = _parse("countdown/base.yaml")
     assert args.generation_batch_size == 256 and args.num_generations == 8  # 32 problems x 8 completions
@@ -318,15 +336,15 @@ def test_seed_batch_arithmetic_on_one_gpu():
     assert optimizer_steps_per_rollout(args) == 1
     assert script_args.n_grpo_steps == 200 and args.max_steps == 200
     assert args.learning_rate == 1e-5 and args.temperature == 1.0 and args.max_completion_length == 1024
-    # reinforce_with_baseline with the std switch on: the seeds' GRPO advantage under the -A logp loss
+    # reinforce_with_baseline with the std switch on: the courses' GRPO advantage under the -A logp loss
     assert (args.advantage_type, args.pg_loss_type, args.length_normalization) == (
         "group_mean_std",
         "reinforce",
         "masked_mean",
     )
     assert args.generation_kwargs == {"stop": ["</answer>"], "include_stop_str_in_output": True, "min_tokens": 4}
-    # seed 001 samples at 0.7
-    assert _parse("countdown/seed001.yaml")[1].temperature == 0.7
+    # NYU Assignment 3 samples at 0.7
+    assert _parse("countdown/qwen2.5_math_1.5b_instruct_grpo.yaml")[1].temperature == 0.7
 
 
 @pytest.mark.parametrize(("epochs", "train"), [(1, 128), (2, 256), (2, 64), (4, 64)])
@@ -341,20 +359,20 @@ def test_off_policy_grid_maps_grpo_steps_to_optimizer_steps(epochs, train):
 
 
 def test_grpo_and_drgrpo_recipes_differ_in_three_lines_and_map_onto_trl():
-    text = (RECIPES / "countdown" / "seed000_drgrpo_l512.yaml").read_text().splitlines()
+    text = (RECIPES / "countdown" / "qwen3_1.7b_drgrpo_l512.yaml").read_text().splitlines()
     settings = [line.split("#")[0].strip() for line in text if line.split("#")[0].strip()]
     assert sorted(settings) == [
         "advantage_eps: null",
-        "base: seed000_grpo_l512.yaml",
+        "base: qwen3_1.7b_grpo_l512.yaml",
         "length_normalization: masked_normalize",
         "use_std_normalization: false",
     ]
-    _, grpo, _ = _parse("countdown/seed000_grpo_l512.yaml")
-    _, drgrpo, _ = _parse("countdown/seed000_drgrpo_l512.yaml")
+    _, grpo, _ = _parse("countdown/qwen3_1.7b_grpo_l512.yaml")
+    _, drgrpo, _ = _parse("countdown/qwen3_1.7b_drgrpo_l512.yaml")
     assert (grpo.loss_type, grpo.scale_rewards, grpo.pg_loss_type) == ("grpo", "group", "grpo_clip")
     assert (drgrpo.loss_type, drgrpo.scale_rewards, drgrpo.pg_loss_type) == ("dr_grpo", "none", "grpo_clip")
     assert drgrpo.normalize_constant == 512 == drgrpo.max_completion_length
-    assert _parse("countdown/seed000_drgrpo_l256.yaml")[1].normalize_constant == 256
+    assert _parse("countdown/qwen3_1.7b_drgrpo_l256.yaml")[1].normalize_constant == 256
     naming = {"output_dir", "run_name", "logging_dir"}
     differing = {
         f.name
@@ -373,9 +391,9 @@ def test_grpo_and_drgrpo_recipes_differ_in_three_lines_and_map_onto_trl():
     }
 
 
-def test_seed000_recipes_use_the_tinyzero_prompt_through_qwen3_chat_template():
+def test_qwen3_countdown_recipes_use_the_tinyzero_prompt_through_qwen3_chat_template():
     for name in ("grpo_l256", "grpo_l512", "drgrpo_l256", "drgrpo_l512"):
-        script_args, args, model_args = _parse(f"countdown/seed000_{name}.yaml")
+        script_args, args, model_args = _parse(f"countdown/qwen3_1.7b_{name}.yaml")
         assert model_args.model_name_or_path == "Qwen/Qwen3-1.7B"
         assert (script_args.prompt, script_args.chat_template) == ("tinyzero", True)
         assert args.max_completion_length == int(name[-3:])
@@ -392,7 +410,13 @@ def test_task_defaults_fill_unset_script_fields():
 
 def test_command_line_overrides_the_yaml_chain():
     script_args, args, model_args = _parse(
-        "countdown/seed001.yaml", "--learning_rate", "5e-6", "--model_name_or_path", "/tmp/m", "--eval_limit", "64"
+        "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
+        "--learning_rate",
+        "5e-6",
+        "--model_name_or_path",
+        "/tmp/m",
+        "--eval_limit",
+        "64",
     )
     assert args.learning_rate == 5e-6 and model_args.model_name_or_path == "/tmp/m" and script_args.eval_limit == 64
     assert args.temperature == 0.7  # still the child's value over its base's 1.0
@@ -417,11 +441,21 @@ def test_help_lists_every_field_with_its_help():
 
 
 def test_math_script_help_runs_in_a_subprocess():
-    """recipes/math.py must not shadow the standard `math` module when run as a script."""
+    """`python recipes/math_grpo.py` runs with recipes/ first on sys.path and no entry point edits it: no file there
+    may be what `import math` (or any module the run imports) finds. Every recipe folder has its entry point beside
+    it (`trl_ext.recipes.RECIPE_SCRIPTS`), and the launcher reads the GRPO task back from it."""
+    from trl_ext.launch.checks import recipe_script_task
+    from trl_ext.recipes import TASK_DEFAULTS, recipe_script
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(RECIPES / "math.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, str(RECIPES / "math_grpo.py"), "--help"], capture_output=True, text=True, env=env, timeout=120
     )
+    for folder in ("countdown", "gsm8k", "math", "kissing", "sft", "expert_iteration"):
+        script = RECIPES / recipe_script(folder)
+        assert script.is_file() and "sys.path" not in script.read_text(), script
+        assert recipe_script_task(script) == (folder if folder in TASK_DEFAULTS else None)
+    assert not (RECIPES / "math.py").exists()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--pg_loss_type" in proc.stdout and "--n_grpo_steps" in proc.stdout
 
@@ -432,8 +466,10 @@ def test_a_parse_after_another_gives_what_a_new_parser_gives(tmp_path):
     from trl_ext.recipes.arguments import apply_task_defaults
     from trl_ext.recipes.parsing import resolve_max_steps
 
-    seed000 = ["--config", str(RECIPES / "countdown" / "seed000_grpo_l512.yaml"), *CPU]
-    first = parse_recipe_args("countdown", [*seed000, "--learning_rate", "1e-4", "--pg_loss_type", "no_baseline"])
+    countdown_l512 = ["--config", str(RECIPES / "countdown" / "qwen3_1.7b_grpo_l512.yaml"), *CPU]
+    first = parse_recipe_args(
+        "countdown", [*countdown_l512, "--learning_rate", "1e-4", "--pg_loss_type", "no_baseline"]
+    )
     assert first[1].learning_rate == 1e-4 and first[1].include_for_metrics == []
     first[1].include_for_metrics.append("inputs")  # a list default, grown in place by a caller
     bad = _write(tmp_path / "bad.yaml", f"base: {RECIPES / 'countdown' / 'base.yaml'}\nno_such_field: 1\n")
@@ -598,7 +634,7 @@ def test_countdown_script_demo_flag_runs_the_demo_anywhere(demo_calls, cuda_avai
 
 
 def test_countdown_script_demo_and_config_together_are_an_error(demo_calls):
-    config = str(RECIPES / "countdown" / "seed001.yaml")
+    config = str(RECIPES / "countdown" / "qwen2.5_math_1.5b_instruct_grpo.yaml")
     with pytest.raises(SystemExit, match="--demo .* or --config YAML .*, not both"):
         _load_script("countdown").main(["--demo", "--config", config], cuda_available=False)
     assert demo_calls == []
@@ -610,7 +646,9 @@ def test_countdown_help_explains_the_demo_rule():
 
 
 def test_config_flag_accepts_the_equals_form():
-    script_args, args, _ = parse_recipe_args("countdown", [f"--config={RECIPES / 'countdown' / 'seed001.yaml'}", *CPU])
+    script_args, args, _ = parse_recipe_args(
+        "countdown", [f"--config={RECIPES / 'countdown' / 'qwen2.5_math_1.5b_instruct_grpo.yaml'}", *CPU]
+    )
     assert args.temperature == 0.7 and script_args.prompt == "countdown"
 
 
@@ -652,9 +690,17 @@ def test_bad_data_and_reward_names_fail_before_the_model_loads(tmp_path):
         ("gsm8k/r1_zero.yaml", ("gsm8k", "train_head16.jsonl"), ("gsm8k", "test.jsonl")),
         ("math/r1_zero.yaml", ("math", "math12k_train_subset.jsonl"), ("math", "math500_test.jsonl")),
         ("math/question_only.yaml", ("math", "math12k_train_subset.jsonl"), ("math", "math500_test.jsonl")),
-        ("countdown/seed000_grpo_l512.yaml", ("countdown", "train_10k_head16.parquet"), ("countdown", "dev.parquet")),
-        # seed 001: the course's files, here the shipped subset in place of data/countdown/
-        ("countdown/seed001.yaml", ("countdown", "train_10k_head16.parquet"), ("countdown", "dev.parquet")),
+        (
+            "countdown/qwen3_1.7b_grpo_l512.yaml",
+            ("countdown", "train_10k_head16.parquet"),
+            ("countdown", "dev.parquet"),
+        ),
+        # NYU Assignment 3: the course's files, here the shipped subset in place of data/countdown/
+        (
+            "countdown/qwen2.5_math_1.5b_instruct_grpo.yaml",
+            ("countdown", "train_10k_head16.parquet"),
+            ("countdown", "dev.parquet"),
+        ),
     ],
 )
 def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
@@ -670,12 +716,12 @@ def test_recipe_data_on_the_real_files(recipe, train_file, eval_file):
     rows = {"test.jsonl": 1319, "math500_test.jsonl": 500, "dev.parquet": 1024}[eval_file[1]]
     assert len(evaluation) == min(1024, rows)  # eval_limit 1024
     prompt = train[0]["prompt"]
-    if script_args.chat_template:  # seed 000: TinyZero's question as the user turn of the chat template
+    if script_args.chat_template:  # Assignment 2: TinyZero's question as the user turn of the chat template
         assert [m["role"] for m in prompt] == ["user"] and "<answer> </answer> tags" in prompt[0]["content"]
         assert {"nums", "target"} <= set(train.column_names)
     elif script_args.prompt == "r1_zero":
         assert prompt.endswith("Assistant: <think>") and "ground_truth" in train.column_names
-    elif script_args.prompt == "countdown":  # seed 001: its prompt as it prints it, the problem filled in
+    elif script_args.prompt == "countdown":  # NYU Assignment 3: its prompt as it prints it, the problem filled in
         row = pq.read_table(train_path).slice(0, 1).to_pylist()[0]
         nums, target = list(row["nums"]), row["target"]
         question = f"Using the numbers in the list {nums}, create an equation that equals {target}."

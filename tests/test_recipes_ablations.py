@@ -1,5 +1,5 @@
-"""Issue 17's ablation recipes (DAPO, RLOO, GSPO, each with and without vLLM's importance-sampling correction)
-resolve to the objective they name, through the same parser the entry points use (no model, no data)."""
+"""The ablation recipes beyond the courses' (DAPO, RLOO, GSPO, each with and without vLLM's importance-sampling
+correction) resolve to the objective they name, through the same parser the entry points use (no model, no data)."""
 
 from __future__ import annotations
 

@@ -43,9 +43,9 @@ def test_extract_answer(text, expected):
 @pytest.mark.parametrize(
     "equation, numbers, require_all, expected",
     [
-        ("(64 + 14) - 16", [64, 14, 16, 7], False, True),  # seed 000: a subset of the numbers is fine
-        ("(7 + 7) + 7", [7, 7, 65], False, False),  # seed 000: 7 used three times, given twice
-        ("10 + 9", [10, 8, 2], False, False),  # seed 000: 9 is not given
+        ("(64 + 14) - 16", [64, 14, 16, 7], False, True),  # Assignment 2: a subset of the numbers is fine
+        ("(7 + 7) + 7", [7, 7, 65], False, False),  # Assignment 2: 7 used three times, given twice
+        ("10 + 9", [10, 8, 2], False, False),  # Assignment 2: 9 is not given
         ("(64 + 14) - 16", [64, 14, 16, 7], True, False),  # TinyZero: 7 unused
         ("(64 + 14) - 16 + 7", [64, 14, 16, 7], True, True),
         ("7 + 7", [7, 7, 65], False, True),  # duplicates count as two
@@ -61,7 +61,7 @@ def test_validate_numbers(equation, numbers, require_all, expected):
 @pytest.mark.parametrize(
     "equation, expected",
     [
-        ("(65 - 7) - 7", 51.0),  # seed 000
+        ("(65 - 7) - 7", 51.0),  # Assignment 2
         ("6/(1-3/4)", 24.0),  # exact rationals: floats would give 23.999999999999996
         ("1/3*3", 1.0),
         ("  2 *\n(3 + 4) ", 14.0),  # whitespace and newlines are fine
@@ -129,7 +129,7 @@ def test_evaluate_equation_matches_independent_construction():
 @pytest.mark.parametrize(
     "answer, numbers, target, require_all, expected",
     [
-        # seed 001's prompt example
+        # NYU Assignment 3's prompt example
         ("Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1", [1, 2, 3], 1, False, 1.0),
         ("Step 1: 1 + 2 = 3\nStep 2: 3 / 3 = 1", [1, 2, 3], 1, True, 1.0),
         ("step 1) 1 + 2 = 3\n\nstep 2. 3 / 3 = 1", [1, 2, 3], 1, False, 1.0),  # label variants, blank line
@@ -163,7 +163,7 @@ def test_step_answers(answer, numbers, target, require_all, expected):
 @pytest.mark.parametrize(
     "text, ground_truth, require_all, expected",
     [
-        # seed 000's three outcomes; its example leaves 7 unused, which only the at-most-once rule accepts
+        # Assignment 2's three outcomes; its example leaves 7 unused, which only the at-most-once rule accepts
         ("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, False, 1.0),
         ("<answer>(64 + 14) - 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, True, 0.1),
         ("<answer>(64 + 14) + 16</answer>", {"numbers": [64, 14, 16, 7], "target": 62}, False, 0.1),

@@ -113,7 +113,7 @@ def test_fuzz_every_reward(tmp_path):
         "countdown": {0.0, 0.1, 1.0},
         "countdown_all_numbers": {0.0, 0.1, 1.0},
         "countdown_at_most_once": {0.0, 0.1, 1.0},
-        "countdown_seed000": {0.0, 0.1, 1.0},
+        "countdown_single_equation": {0.0, 0.1, 1.0},
         "countdown_binary": {0.0, 1.0},
         "r1_zero": {0.0, 1.0},
         "question_only": {0.0, 1.0},

@@ -12,13 +12,13 @@ from conftest import shared_path
 from trl_ext.rewards.math_prechecks import MAX_NESTING, explosive
 
 BOMBS = {
-    "x^{9^{9^{9^{9}}}}": "powers nested",  # the stall
+    "x^{9^{9^{9^{9}}}}": "powers nested",  # sympy never returns on it
     "9^{9^{9}}": "digits",  # 9^387420489
     "10^{10^{10}}": "digits",
     "\\lfloor 10^{10^{8}} \\rfloor": "digits",
     "\\sin(10^{10^{10}})": "digits",
     "2^{1000000}": "digits",
-    "100000000!": "factorial",  # the other stall
+    "100000000!": "factorial",  # nor on this
     "(10^{10})!": "factorial",
     "{10^{10}}!!": "factorial",
     "(5!)!!": "factorial",  # 120! is fine, (120!)! is not
@@ -31,7 +31,7 @@ BOMBS = {
     "x^{10^{10}}": "symbolic base",
     "e^{e^{e^{e^{e}}}}": "powers nested",
     "2^{2^{2^{2^{2}}}}": "powers nested",
-    "\\frac{1}{" * 90 + "2" + "}" * 90: "brackets nested 90",  # took 1.7 s before, near the old 5 s limit
+    "\\frac{1}{" * 90 + "2" + "}" * 90: "brackets nested 90",  # 1.7 s to parse without this check
     "(" * 90 + "1" + ")" * 90: "brackets nested 90",
     "\\sqrt{" * 9 + "2" + "}" * 9: "brackets nested 9",
 }

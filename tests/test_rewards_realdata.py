@@ -77,7 +77,7 @@ def test_math500_answers_and_rewrites_get_reward_one(math500_answers):
 
 @pytest.mark.parametrize("shift", sorted(MATH500_EQUAL_PAIRS))
 def test_math500_other_problems_answers_get_reward_zero(math500_answers, shift):
-    """Answer i+shift graded against answer i: the confusion counts (reported in the issue note)."""
+    """Answer i+shift graded against answer i: the confusion counts."""
     graded_equal = {
         i
         for i, gt in enumerate(math500_answers)

@@ -57,7 +57,7 @@ def test_chat_completions_equal_plain_strings():
 
 
 def test_number_rules():
-    """Default: every number exactly once; `require_all=False` (seed 000) lets numbers go unused."""
+    """Default: every number exactly once; `require_all=False` (Assignment 2) lets numbers go unused."""
     texts = ["<answer>4 * 5</answer>", "<answer>4 * 5 - 6</answer>"]
     columns = dict(target=[20, 14], nums=[[4, 5, 6]] * 2)
     assert countdown_reward.__name__ == "countdown_reward" and countdown_reward.require_all is True
@@ -129,7 +129,7 @@ def test_registry():
     assert {f.__name__ for f in REWARD_FUNCS.values()} == {
         "countdown_reward",
         "countdown_reward_at_most_once",
-        "countdown_reward_seed000",
+        "countdown_reward_single_equation",
         "countdown_reward_binary",
         "r1_zero_reward",
         "question_only_reward",

@@ -170,7 +170,7 @@ class RoundRecorder(GRPOTrainer):
         output["old_per_token_logps"] = -torch.rand(shape, generator=gen)
         output["sampling_per_token_logps"] = output["old_per_token_logps"] - 0.1 * torch.rand(shape, generator=gen)
         output["importance_sampling_ratio"] = 0.5 + torch.rand(shape, generator=gen)
-        record = {"prompts": [x["prompt"] for x in inputs], "rewards": self._gathered_rewards[:, 0].tolist()}
+        record = {"prompts": [x["prompt"] for x in inputs], "rewards": self._scored_rewards[:, 0].tolist()}
         self.rounds.append({**record, "output": copy.deepcopy(output)})
         return output
 

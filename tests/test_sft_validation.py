@@ -173,8 +173,8 @@ def test_bad_accuracy_settings_fail_before_the_model_loads(tmp_path, lines, erro
 
 
 def test_the_sft_recipes_validate_on_math_train_held_out_from_math500():
-    """Seed 001's "MATH validation set" is not its test set: the shipped sweep measures accuracy on the last 500
-    problems of MATH train (hiyouga/math12k `train[-500:]`, shipped whole as
+    """NYU Assignment 3's "MATH validation set" is not its test set: the shipped sweep measures accuracy on the last
+    500 problems of MATH train (hiyouga/math12k `train[-500:]`, shipped whole as
     tests/data/math/math12k_train_last500.jsonl), none of them a MATH-500 problem; greedy, 2048 tokens, the intellect
     prompt (plain text for the course's prompt / response examples, the chat template for the hub traces), vLLM
     colocated, at step 0 and every 10%. The course recipes train on its sft.jsonl with no validation-loss set;
@@ -207,8 +207,8 @@ def test_the_sft_recipes_validate_on_math_train_held_out_from_math500():
     assert problems(shared_path("math", "math12k_train_last500.jsonl"), "train[-500:]") == validation
 
 
-# Seed 001's sft.jsonl rows, each a pair whose boundary BPE merges when the two strings are joined ("Hello" + "world",
-# "? " + "The", ":" + "\n\n"): tokenized apart, as the course does, they differ from joined.
+# NYU Assignment 3's sft.jsonl rows, each a pair whose boundary BPE merges when the two strings are joined ("Hello" +
+# "world", "? " + "The", ":" + "\n\n"): tokenized apart, as the course does, they differ from joined.
 COURSE_ROWS = [
     ("Problem: 2+5. Say Hello", "world, the answer is \\boxed{7}"),
     ("What is 3+4? ", "The sum is \\boxed{7}."),
@@ -217,14 +217,14 @@ COURSE_ROWS = [
 
 
 def test_course_examples_train_as_tokenize_prompt_and_output_tokenizes_them(tmp_path, qwen3_tokenizer):
-    """Seed 001's `{"prompt", "response"}` examples through the SFT recipe path (recipes/sft/base.yaml: parse ->
-    `load_sft_datasets` -> `build_sft_trainer`, TRL's dataset preparation) are exactly the tokens of the course's
-    `tokenize_prompt_and_output` (`trl_ext.objectives`, the seed's definition): prompt and response tokenized apart,
-    concatenated, no EOS, no chat template, labels -100 on every prompt token and the token itself on every response
-    token. The first optimizer step's loss is the token-mean NLL of the response tokens under the initial weights (a
-    plain forward per row), and with no validation-loss set the evaluations log accuracy alone (steps 0 and 1).
-    Catches TRL's own prompt-completion path (joint tokenization, an appended EOS), a chat template, or a loss on the
-    prompt."""
+    """NYU Assignment 3's `{"prompt", "response"}` examples through the SFT recipe path (recipes/sft/base.yaml:
+    parse -> `load_sft_datasets` -> `build_sft_trainer`, TRL's dataset preparation) are exactly the tokens of the
+    course's `tokenize_prompt_and_output` (`trl_ext.objectives`, the course's definition): prompt and response
+    tokenized apart, concatenated, no EOS, no chat template, labels -100 on every prompt token and the token itself on
+    every response token. The first optimizer step's loss is the token-mean NLL of the response tokens under the
+    initial weights (a plain forward per row), and with no validation-loss set the evaluations log accuracy alone
+    (steps 0 and 1). Catches TRL's own prompt-completion path (joint tokenization, an appended EOS), a chat template,
+    or a loss on the prompt."""
     from transformers import AutoModelForCausalLM
 
     from trl_ext.objectives import tokenize_prompt_and_output

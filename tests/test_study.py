@@ -95,8 +95,8 @@ def test_waves_pack_runs_first_fit_and_ports_never_meet():
 
 @pytest.fixture
 def launch_folder(tmp_path, monkeypatch):
-    """A folder to launch from: the repository's recipes and configs, and seed 001's course files in data/countdown/
-    (the shipped subset in their place)."""
+    """A folder to launch from: the repository's recipes and configs, and NYU Assignment 3's course files in
+    data/countdown/ (the shipped subset in their place)."""
     for name in ("recipes", "accelerate_configs", "tests"):
         (tmp_path / name).symlink_to(ROOT / name)
     (tmp_path / "data" / "countdown").mkdir(parents=True)
@@ -121,15 +121,15 @@ def test_every_shipped_study_parses_and_every_arm_plans(path, launch_folder):
         assert where.startswith("no GPU") and all(p.need == 1 and not p.gpu for p in plans)
     else:
         assert where == "8 GPU(s) from --num-gpus"
-        sft = path.stem.startswith("seed001_sft")
+        sft = path.stem.startswith("math_sft")
         # the server on one GPU and training on the next (SFT: one GPU, vLLM colocated)
         assert {p.need for p in plans} == ({1} if sft else {2})
         assert all(p.serves != sft for p in plans)
         assert all(len(set(p.units)) == p.need for p in plans)
 
 
-def test_seed002_ablations_on_an_8_gpu_node_in_waves_of_four(capsys):
-    study = load_study(ROOT / "recipes/studies/seed002_ablations.yaml")
+def test_gsm8k_ablations_on_an_8_gpu_node_in_waves_of_four(capsys):
+    study = load_study(ROOT / "recipes/studies/gsm8k_qwen3_0.6b_ablations.yaml")
     plans, _ = plan_study(study, gpus=8, check_packages=False)
     assert len(plans) == 18 and [p.wave for p in plans] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 2
     assert [p.units for p in plans[:4]] == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]

@@ -58,7 +58,7 @@ def uses_at_most_once(used: list[int], nums: list[int]) -> bool:
         ([6, 1, 3, 4], 24, True),  # only 6/(1-3/4): needs exact fractional intermediates
         ([3, 3, 8, 8], 24, True),  # only 8/(3-8/3)
         ([1, 5, 5, 5], 24, True),  # only 5*(5-1/5)
-        ([64, 14, 16, 7], 62, True),  # seed 000's (64+14)-16 leaves 7 out; 14+16*7-64 uses all four
+        ([64, 14, 16, 7], 62, True),  # Assignment 2's (64+14)-16 leaves 7 out; 14+16*7-64 uses all four
         ([7, 7, 65], 51, True),  # duplicates are separate numbers: 65-7-7
         ([10, 8, 2], 18, False),  # no expression with all three makes 18; 10+8 does
         ([5, 3, 100], 5, False),  # a single number equal to the target is a subset solution

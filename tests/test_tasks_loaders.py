@@ -39,7 +39,7 @@ def test_countdown_tinyzero_parquet_reproduces_tinyzero_prompts(countdown_dev):
     assert dataset["prompt"] == [row["prompt"][0]["content"] for row in rows]
 
 
-def test_countdown_chat_and_seed001_prompts(countdown_dev):
+def test_countdown_chat_and_nyu_a3_prompts(countdown_dev):
     path, rows = countdown_dev
     chat = load_task("countdown", path, chat=True, limit=5)
     assert len(chat) == 5
@@ -52,18 +52,19 @@ def test_countdown_chat_and_seed001_prompts(countdown_dev):
         )
         assert message["content"].startswith(question + " Show your work in <think> </think> tags.")
         assert "Assistant" not in message["content"]
-    seed001 = load_task("countdown", path, prompt="countdown", limit=3)
+    nyu_a3 = load_task("countdown", path, prompt="countdown", limit=3)
     r1_zero = load_task("countdown", path, prompt="r1_zero", limit=3)
-    for plain, r1, row in zip(seed001["prompt"], r1_zero["prompt"], rows, strict=False):
+    for plain, r1, row in zip(nyu_a3["prompt"], r1_zero["prompt"], rows, strict=False):
         question = countdown_question(row["nums"], row["target"])  # TinyZero's, for r1_zero
         assert question.startswith(f"Using the numbers {row['nums']}, create an equation that equals {row['target']}.")
         assert r1.endswith(f"User: {question}\nAssistant: <think>")
-        seed001_question = countdown_question(row["nums"], row["target"], prompt="countdown")  # seed 001's wording
-        assert seed001_question == (
+        # NYU Assignment 3's wording
+        nyu_a3_question = countdown_question(row["nums"], row["target"], prompt="countdown")
+        assert nyu_a3_question == (
             f"Using the numbers in the list {row['nums']}, create an equation that equals {row['target']}.\nYou can "
             "use basic arithmetic operations (+, -, *, /) and each number can only be used once."
         )
-        assert plain == PROMPTS["countdown"].replace("{question}", seed001_question)
+        assert plain == PROMPTS["countdown"].replace("{question}", nyu_a3_question)
     compact = load_task("countdown", path, prompt="compact", limit=1)
     assert compact["prompt"] == [f"{rows[0]['nums']} -> {rows[0]['target']} :"]
 
@@ -244,9 +245,9 @@ def test_math12k_train(shared_data):
 
 
 def test_math_reads_prime_intellects_traces_as_problems(tmp_path):
-    """Seed 001's other SFT test set, Prime Intellect's traces (`messages`: system, user, assistant; `ground_truth`):
-    the question is the user turn, the answer the `ground_truth`; the proof whose ground truth is empty (upstream
-    test row 19, row 5 here) is dropped with a warning as MATH's empty answers are."""
+    """NYU Assignment 3's other SFT test set, Prime Intellect's traces (`messages`: system, user, assistant;
+    `ground_truth`): the question is the user turn, the answer the `ground_truth`; the proof whose ground truth is
+    empty (upstream test row 19, row 5 here) is dropped with a warning as MATH's empty answers are."""
     from trl_ext.tasks.prompts import format_prompt
 
     path = shared_path("intellect_math", "test_subset.jsonl")

@@ -8,7 +8,7 @@ from conftest import REPO_ROOT, shared_path
 from trl_ext.tasks import CHAT_PROMPTS, PROMPTS, countdown_prompt, format_prompt, get_prompt
 
 PROMPT_FILES = ("r1_zero", "question_only", "countdown", "intellect")
-# Seed 002 prints its R1-Zero prompt with two words that its own prompt file (data/r1_zero.prompt), CS336's and the
+# NLPDL HW3 prints its R1-Zero prompt with two words that its own prompt file (data/r1_zero.prompt), CS336's and the
 # one shipped here do not have: "takes" for "asks", "them" for "then". The recipes use the file's wording.
 R1_ZERO_PRINTED_TO_SHIPPED = {
     "The User takes a question": "The User asks a question",
@@ -16,9 +16,9 @@ R1_ZERO_PRINTED_TO_SHIPPED = {
 }
 
 
-def seed_prompt(name: str) -> str:
-    """A prompt as a seed prints it, typed into tests/data/seed_prompts (its README says from where)."""
-    return shared_path("seed_prompts", name).read_text(encoding="utf-8")
+def course_prompt(name: str) -> str:
+    """A prompt as a course prints it, typed into tests/data/course_prompts (its README says from where)."""
+    return shared_path("course_prompts", name).read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", PROMPT_FILES)
@@ -27,21 +27,21 @@ def test_shipped_prompts_are_the_package_files(name):
     assert PROMPTS[name] == path.read_text(encoding="utf-8")
 
 
-def test_countdown_prompt_as_seed_001_prints_it():
+def test_countdown_prompt_as_nyu_a3_prints_it():
     """Section 5's prompt with its example problem: "in the list", and the question, the constraint and "Your
     solution ..." each on a line of its own."""
-    assert countdown_prompt([96, 97, 68], 125, prompt="countdown") == seed_prompt("seed001_countdown.txt")
+    assert countdown_prompt([96, 97, 68], 125, prompt="countdown") == course_prompt("nyu_reasoners_a3_countdown.txt")
     assert countdown_prompt([96, 97, 68], 125, prompt="countdown", chat=True) == [
-        {"role": "user", "content": seed_prompt("seed001_countdown.txt")}
+        {"role": "user", "content": course_prompt("nyu_reasoners_a3_countdown.txt")}
     ]
 
 
-def test_intellect_prompt_as_seed_001_prints_it():
-    assert PROMPTS["intellect"] == seed_prompt("seed001_intellect.txt")
+def test_intellect_prompt_as_nyu_a3_prints_it():
+    assert PROMPTS["intellect"] == course_prompt("nyu_reasoners_a3_intellect.txt")
 
 
-def test_r1_zero_is_seed_002s_printed_prompt_with_its_files_two_words():
-    printed = seed_prompt("seed002_r1_zero.txt")
+def test_r1_zero_is_nlpdl_hw3s_printed_prompt_with_its_files_two_words():
+    printed = course_prompt("nlpdl_hw3_r1_zero.txt")
     shipped = printed
     for seed_words, file_words in R1_ZERO_PRINTED_TO_SHIPPED.items():
         assert printed.count(seed_words) == 1
@@ -55,7 +55,7 @@ def test_r1_zero_is_seed_002s_printed_prompt_with_its_files_two_words():
 
 
 def test_question_only_as_seeds_002_and_003_print_it():
-    assert PROMPTS["question_only"] == seed_prompt("question_only.txt") == "{question}"
+    assert PROMPTS["question_only"] == course_prompt("question_only.txt") == "{question}"
 
 
 def test_prompt_names_and_unknown_name_lists_them():
@@ -118,21 +118,21 @@ def test_question_only_and_countdown_templates():
     assert format_prompt("compact", numbers="[14, 1, 10]", target=5) == "[14, 1, 10] -> 5 :"
 
 
-def test_kissing_prompts_as_seed_002_prints_them():
+def test_kissing_prompts_as_nlpdl_hw3_prints_them():
     """Section 7.4's three prompts: the task (baseline), and the loop's turns after a failed and a valid attempt. The
-    seed's example error and its "[Your Score]" fill the placeholders; each prompt is followed by our one line
+    assignment's example error and its "[Your Score]" fill the placeholders; each prompt is followed by our one line
     asking for a fenced program (what the verifier reads)."""
     from trl_ext.discover import FAILURE_PROMPT, SUCCESS_PROMPT, feedback_prompt
     from trl_ext.tasks.kissing import ANSWER_FORMAT, KISSING_PROMPT, kissing_prompt
 
-    baseline = seed_prompt("seed002_kissing_baseline.txt")
+    baseline = course_prompt("nlpdl_hw3_kissing_baseline.txt")
     assert KISSING_PROMPT.format(dimension=11) == baseline
     assert kissing_prompt() == kissing_prompt(11) == f"{baseline}\n\n{ANSWER_FORMAT}"
-    error = "Minimum squared distance 36 < maximum squared norm 40"  # the seed's example
-    assert FAILURE_PROMPT.format(message=error) == seed_prompt("seed002_kissing_failure.txt")
-    assert SUCCESS_PROMPT.format(score="[Your Score]") == seed_prompt("seed002_kissing_success.txt")
+    error = "Minimum squared distance 36 < maximum squared norm 40"  # the course's example
+    assert FAILURE_PROMPT.format(message=error) == course_prompt("nlpdl_hw3_kissing_failure.txt")
+    assert SUCCESS_PROMPT.format(score="[Your Score]") == course_prompt("nlpdl_hw3_kissing_success.txt")
     failed = {"validity": 0.0, "score": 0, "message": error}
-    assert feedback_prompt(failed) == f"{seed_prompt('seed002_kissing_failure.txt')}\n\n{ANSWER_FORMAT}"
+    assert feedback_prompt(failed) == f"{course_prompt('nlpdl_hw3_kissing_failure.txt')}\n\n{ANSWER_FORMAT}"
     valid = {"validity": 1.0, "score": 582, "message": "valid"}
-    success = seed_prompt("seed002_kissing_success.txt").replace("[Your Score]", "582")
+    success = course_prompt("nlpdl_hw3_kissing_success.txt").replace("[Your Score]", "582")
     assert feedback_prompt(valid) == f"{success}\n\n{ANSWER_FORMAT}"

@@ -1,5 +1,5 @@
 """Every combination of the three axes trains through AblationGRPOTrainer, each axis value reaches its registered
-function, and the seeds' presets (no_baseline, reinforce_with_baseline, grpo_no_clip) do what their formulas say.
+function, and the courses' presets (no_baseline, reinforce_with_baseline, grpo_no_clip) do what their formulas say.
 
 The table test is cheap on purpose: one tiny model, one sampled batch (old log-probs from before a perturbation, so
 ratios leave 1 and clipping binds), and per combination a fresh config swapped into the trainer, the advantages
@@ -138,7 +138,7 @@ def test_reinforce_with_baseline_matches_naive_gradient(char_tokenizer, tmp_path
 
     model = ours.model
     model.zero_grad(set_to_none=True)
-    # the seeds' advantage, recomputed from the rewards by hand: (r - mean) / (std + 1e-6) per group of 4
+    # the courses' advantage, recomputed from the rewards by hand: (r - mean) / (std + 1e-6) per group of 4
     ids = [c[m.bool()].tolist() for c, m in zip(out["completion_ids"], out["completion_mask"], strict=True)]
     rewards = torch.tensor(id_reward(ids)).view(-1, 4)
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()

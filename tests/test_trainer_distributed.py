@@ -5,7 +5,7 @@ The estimator is reinforce_pp: a group baseline, then whitening over every compl
 length, so an advantage is right only if both ranks' rewards and lengths were gathered, in rank order, before the
 slice. The expectation is a plain-Python loop (verl's formula), not the function under test.
 Bugs caught: statistics over the local rank only, lengths not gathered, a slice off by a rank.
-After training, one more batch per rank with `padding_free` off and on (issue 24): the same loss, all-reduced
+After training, one more batch per rank with `padding_free` off and on: the same loss, all-reduced
 gradients and reduced entropy through the DDP-wrapped model.
 Then, in the same two processes (one process start for both runs), dynamic sampling with groups that span the two
 ranks: both ranks keep the same groups, decided on gathered rewards, and train on the same number of rows."""
@@ -174,7 +174,7 @@ def test_two_processes_slice_gathered_advantages_and_stay_in_sync(out_dir):
     for name, value in ranks[0]["params"].items():
         assert value == ranks[1]["params"][name], name  # DDP kept the replicas bit-identical
 
-    # padding_free (issue 24) under DDP: the same loss, all-reduced gradients and reduced entropy as padded.
+    # padding_free under DDP: the same loss, all-reduced gradients and reduced entropy as padded.
     for rank in ranks:
         pf = rank["padding_free"]
         print(f"\n[padding_free] 2 processes: loss {pf['loss']:+.6f} |dloss| {pf['loss_diff']:.1e} "

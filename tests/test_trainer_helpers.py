@@ -39,8 +39,8 @@ COMMON = dict(
 def freeze_imports() -> None:
     """Once per process: collect, then move every object alive now (the imported modules of torch, transformers,
     TRL, vLLM: about 750k) out of the cyclic collector's reach with `gc.freeze()`. transformers and accelerate call
-    `gc.collect()` when a training run ends; each such full collection walked all of them (0.4 s on this machine's
-    CPU, 20 of them in the learning module alone) and now walks only what the tests created since."""
+    `gc.collect()` when a training run ends; each such full collection would walk all of them (0.4 s on a 2-core
+    CPU, 20 of them in the learning module alone) and walks only what the tests created since."""
     import trl_ext.grpo.trainer  # noqa: F401 (the heavy imports, before the freeze)
 
     gc.collect()

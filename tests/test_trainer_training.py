@@ -18,7 +18,7 @@ SGD = dict(optim="sgd", lr_scheduler_type="constant", learning_rate=0.1, max_gra
 def _one_step_update(char_tokenizer, out_dir, ga, **kwargs):
     trainer = make_trainer(char_tokenizer, out_dir, group_size=4, rollout_batch_size=8, train_batch_size=8,
                            gradient_accumulation_steps=ga, max_steps=1, **SGD, **kwargs)  # fmt: skip
-    assert trainer._train_batch_size == 8 // ga  # HF's per-device batch, not the seed's train_batch_size
+    assert trainer._train_batch_size == 8 // ga  # HF's per-device batch, not the course's train_batch_size
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     delta = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters()}

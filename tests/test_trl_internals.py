@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 from collections import defaultdict, deque
 
 import pytest
@@ -60,11 +61,12 @@ def test_overridden_method_signatures(method, expected):
 TRL_METHODS_CHANGED = {
     "AblationGRPOTrainer": {
         "__init__",
+        "_calculate_rewards",
         "_generate_and_score_completions",
         "_get_per_token_logps_and_entropies",
         "_compute_loss",
     },
-    "DynamicSamplingMixin": {"_calculate_rewards"},
+    "DynamicSamplingMixin": set(),
     "FinishedCompletionsMixin": {"_generate"},
     "AsyncRolloutsMixin": {"train", "get_batch_samples", "_prepare_inputs", "_generate_single_turn"},
 }
@@ -86,29 +88,137 @@ def test_each_trl_method_is_changed_in_one_class_only():
         assert callable(getattr(GRPOTrainer, name)), _changed(f"GRPOTrainer.{name} no longer exists")
 
 
-def test_the_trl_and_vllm_names_replaced_at_run_time():
-    # The run-time replacements AblationGRPOTrainer._install_behaviours lists, each of a name TRL or vLLM looks up:
-    # the client class TRL's VLLMGeneration builds (trl_ext/grpo/weight_sync/client.py), the colocated sync
-    # (weight_sync/colocate.py), the client's `_post`, the engine's `generate` and VLLMGeneration.generate
-    # (rollouts/finish_reasons.py, rollouts/rollout_worker.py), TRL's `_use_triton` (fused_head.py, pinned above).
-    import trl.generation.vllm_generation as generation
+# The TRL methods trl_ext's subclasses of TRL's vLLM classes change (trl_ext/grpo/vllm/generation.py, client.py).
+GENERATION_METHODS_CHANGED = {"__init__", "_init_vllm", "sync_weights", "_iter_named_params", "generate"}
+CLIENT_METHODS_CHANGED = {
+    "__init__",
+    "init_communicator",
+    "update_named_params",
+    "_start_weight_update",
+    "_finish_weight_update",
+    "close_communicator",
+    "generate",
+    "chat",
+    "reset_prefix_cache",
+    "_post",
+}
+
+
+def test_the_vllm_classes_trl_builds_and_the_methods_our_subclasses_change():
+    """TRL's trainer builds its vLLM generation by the name `VLLMGeneration` of `trl.trainer.grpo_trainer` (the one
+    name trl_ext swaps, `vllm_generation_class`); the subclasses change exactly the methods listed, each of which TRL
+    still has with the signature the overrides assume."""
+    import trl.trainer.grpo_trainer as grpo_trainer
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
-    from vllm import LLM
 
-    assert generation.VLLMClient is VLLMClient, _changed("trl.generation.vllm_generation no longer imports VLLMClient")
-    assert "self.vllm_client = VLLMClient(" in inspect.getsource(VLLMGeneration._init_vllm), _changed(
-        "VLLMGeneration._init_vllm no longer builds its client by the module's name VLLMClient"
+    from trl_ext.grpo.vllm.client import TrlExtVLLMClient
+    from trl_ext.grpo.vllm.generation import TrlExtVLLMGeneration, vllm_generation_class
+
+    where = "trl_ext/grpo/vllm/generation.py"
+    assert "self.vllm_generation = VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__), _changed(
+        f"GRPOTrainer.__init__ no longer builds its generation by the name VLLMGeneration ({where})"
     )
+    assert grpo_trainer.VLLMGeneration is VLLMGeneration
+    with pytest.raises(KeyError):  # the swap holds inside the block and is undone when it raises
+        with vllm_generation_class():
+            assert grpo_trainer.VLLMGeneration is TrlExtVLLMGeneration
+            raise KeyError("inside")
+    assert grpo_trainer.VLLMGeneration is VLLMGeneration
+    for ours, trl_class, expected in (
+        (TrlExtVLLMGeneration, VLLMGeneration, GENERATION_METHODS_CHANGED),
+        (TrlExtVLLMClient, VLLMClient, CLIENT_METHODS_CHANGED),
+    ):
+        changed = {name for name, value in vars(ours).items() if callable(value) and hasattr(trl_class, name)}
+        assert changed == expected, f"{ours.__name__} changes {sorted(changed)}"
     assert _params(VLLMGeneration.sync_weights) == ["self"], _changed("VLLMGeneration.sync_weights(self)")
+    assert _params(VLLMGeneration._init_vllm) == ["self"], _changed("VLLMGeneration._init_vllm(self)")
+    assert _params(VLLMGeneration._iter_named_params) == ["self"], _changed("VLLMGeneration._iter_named_params(self)")
+    assert _params(VLLMGeneration.generate) == ["self", "prompts", "images", "num_generations", "profiler"], _changed(
+        f"VLLMGeneration.generate{tuple(_params(VLLMGeneration.generate))}"
+    )
+    assert _params(VLLMClient._post) == ["self", "url", "kwargs"], _changed("VLLMClient._post(self, url, **kwargs)")
     assert "self.vllm_generation.sync_weights()" in inspect.getsource(GRPOTrainer._generate_single_turn), _changed(
         "GRPOTrainer no longer syncs the weights through its VLLMGeneration instance"
     )
-    assert _params(VLLMGeneration.generate)[:4] == ["self", "prompts", "images", "num_generations"], _changed(
-        f"VLLMGeneration.generate{tuple(_params(VLLMGeneration.generate))}"
+
+
+def test_trl_s_server_branch_that_our_init_vllm_repeats_with_our_client():
+    """`TrlExtVLLMGeneration._init_vllm` repeats TRL's server branch with `TrlExtVLLMClient` in place of `VLLMClient`
+    (the colocate branch is TRL's own): these lines of TRL's are the ones it repeats."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration._init_vllm)
+    for line in (
+        'if self.mode == "server":',
+        "if accelerator.is_main_process:",
+        "if self.server_base_url is not None:",
+        'base_url = f"http://{self.server_host}:{self.server_port}"',
+        "self.vllm_client = VLLMClient(",
+        "base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout",
+        "self.vllm_client.init_communicator(device=accelerator.device)",
+        'elif self.mode == "colocate":',
+        "self.llm = LLM(",
+        "accelerator.wait_for_everyone()",
+    ):
+        assert line in source, _changed(f"VLLMGeneration._init_vllm no longer has `{line}` (trl_ext/grpo/vllm)")
+    server_branch = source[source.index('if self.mode == "server":') : source.index('elif self.mode == "colocate":')]
+    assert server_branch.count("\n") == 11, _changed("VLLMGeneration._init_vllm's server branch changed length")
+
+
+def test_every_private_trl_and_vllm_name_trl_ext_uses():
+    """Each private name (leading underscore) of TRL, transformers, vLLM, DeepSpeed or torch that trl_ext reads, calls,
+    overrides or sets, with where; a rename upstream fails here by name. Methods are looked up on their class,
+    attributes in the source of the method that sets them."""
+    import torch.distributed as dist
+    import transformers
+    import trl.trainer.utils as trl_utils
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    methods = {
+        GRPOTrainer: ["_calculate_rewards", "_generate_and_score_completions", "_generate", "_generate_single_turn",
+                      "_prepare_inputs", "_compute_loss", "_get_per_token_logps_and_entropies", "_tokenize_prompts"],
+        transformers.Trainer: ["_remove_unused_columns", "_get_num_items_in_batch", "_save_checkpoint"],
+        VLLMGeneration: ["_init_vllm", "_iter_named_params"],
+        VLLMClient: ["_post", "_start_weight_update", "_finish_weight_update"],
+    }  # fmt: skip
+    for owner, names in methods.items():
+        for name in names:
+            assert callable(getattr(owner, name, None)), _changed(f"{owner.__name__}.{name} no longer exists")
+    attributes = {
+        GRPOTrainer.__init__: ["_metrics", "_logs", "_last_loaded_step", "_is_vlm", "_entropy_bonus_enabled",
+                               "_last_world_entropy", "_entropy_window_stats", "_tokenizer"],
+        GRPOTrainer._prepare_inputs: ["_step"],
+        transformers.Trainer.__init__: ["_train_batch_size"],
+        VLLMGeneration.__init__: ["_weight_metadata"],
+        VLLMClient.update_named_params: ["_updating_weights"],
+    }  # fmt: skip
+    for setter, names in attributes.items():
+        source = inspect.getsource(setter)
+        for name in names:
+            assert f"self.{name}" in source, _changed(f"{setter.__qualname__} no longer uses self.{name}")
+    assert callable(trl_utils._use_triton), _changed("trl.trainer.utils._use_triton (trl_ext/grpo/fused_head.py)")
+    options = dist.ProcessGroupGloo._Options()
+    assert hasattr(options, "_devices") and hasattr(options, "_timeout"), "torch's ProcessGroupGloo options changed"
+    import deepspeed.comm.torch  # noqa: F401 (trl_ext/grpo/deepspeed_comm.py; deepspeed.comm's `torch` is torch)
+
+    backend = sys.modules["deepspeed.comm.torch"]
+    assert callable(backend.build_shm_op) and "build_shm_op()" in inspect.getsource(backend.TorchBackend.__init__), (
+        "DeepSpeed's TorchBackend no longer builds its shared-memory op through build_shm_op"
     )
-    assert _params(LLM.generate)[:3] == ["self", "prompts", "sampling_params"], "vLLM's LLM.generate changed"
-    assert _params(VLLMClient._post) == ["self", "url", "kwargs"], _changed("VLLMClient._post(self, url, **kwargs)")
+
+
+def test_no_method_is_replaced_on_the_trainer_s_objects(char_tokenizer, tmp_path):
+    """A plain trainer and one with dynamic sampling, built and generating: no instance attribute of the trainer (or
+    any TRL object it holds) shadows a method of its class. The vLLM modes check the same inside the processes that
+    build them (test_vllm_colocate, test_vllm_server_sync: colocated, server, async, expert iteration)."""
+    from helpers import shadowed_methods
+
+    for config in ({}, {"dynamic_sampling": True}):
+        trainer = make_trainer(char_tokenizer, tmp_path, **config)
+        generate(trainer, group_inputs())
+        assert shadowed_methods(trainer) == {"trainer": []}, config
 
 
 def test_constructor_and_loss_entry_points():
@@ -163,7 +273,7 @@ def test_fused_lm_head_choice_that_compact_lm_head_swaps():
 
 
 def test_train_batch_size_shadowing_is_still_repaired_by_one_attribute():
-    # The seed field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
+    # The courses' field `train_batch_size` shadows TrainingArguments.train_batch_size; HF copies that property into
     # Trainer._train_batch_size once, and TRL's dataloader reads only `_train_batch_size`. The trainer resets it.
     prop = inspect.getattr_static(transformers.TrainingArguments, "train_batch_size")
     assert isinstance(prop, property), _changed("TrainingArguments.train_batch_size is no longer a property")
@@ -283,13 +393,13 @@ def test_runtime_structures_and_output_keys(char_tokenizer, tmp_path):
 
 
 def test_vllm_outputs_the_finish_reason_record_follows():
-    # trl_ext/grpo/rollouts/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL
+    # trl_ext/grpo/vllm/finish_reasons.py records vLLM's finish reasons beside TRL's vLLM paths, in the order TRL
     # reads the completions, and cuts this process's share as TRL does; each line below is one of those assumptions.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
     from vllm.outputs import CompletionOutput
 
-    where = "trl_ext/grpo/rollouts/finish_reasons.py"
+    where = "trl_ext/grpo/vllm/finish_reasons.py"
     expected = {
         VLLMClient.generate: [
             'choices = self._post(f"{self.base_url}/v1/completions", json=payload)["choices"]',
@@ -322,14 +432,15 @@ def test_vllm_outputs_the_finish_reason_record_follows():
 
 
 def test_what_async_rollouts_rely_on():
-    # trl_ext/grpo/rollouts/async_rollouts.py and rollout_worker.py: the next batch is read ahead through the training
-    # loop's `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions` payload
-    # with the next prompts (`all_prompts[::num_generations]`), replayed under `VLLMClient._post`; the weight push is
-    # TRL's `sync_weights` guarded by `_last_loaded_step`; `_prepare_inputs` generates every `generate_every` steps.
+    # trl_ext/grpo/rollouts/async_rollouts.py and trl_ext/grpo/vllm/replay.py: the next batch is read ahead through the
+    # training loop's `get_batch_samples`, tokenized by `_tokenize_prompts`, requested as TRL's last `/v1/completions`
+    # payload with the next prompts (`all_prompts[::num_generations]`), replayed in `TrlExtVLLMClient._post`; the
+    # weight push is TRL's `sync_weights` guarded by `_last_loaded_step`; `_prepare_inputs` generates every
+    # `generate_every` steps.
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
-    where = "trl_ext/grpo/rollouts/async_rollouts.py, trl_ext/grpo/rollouts/rollout_worker.py"
+    where = "trl_ext/grpo/rollouts/async_rollouts.py, trl_ext/grpo/vllm/replay.py"
     expected = {
         VLLMClient.generate: [
             'payload = {\n            "model": self.model,\n            "prompt": prompts,',

@@ -122,9 +122,10 @@ def test_three_training_steps_generate_with_the_synced_weights(colocate):
 
 
 def test_the_colocated_cpu_engine_samples_with_the_sampler_fix(colocate):
-    """The engine TRL built for our trainer samples with `trl_ext.vllm_cpu`'s fix (`use_fp64_gumbel`, read back from
-    the engine's own `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on AVX2
-    kernels (tests/test_vllm_sampler.py). Catches the trainer leaving a colocated CPU engine on the compiled path."""
+    """The engine TRL built for our trainer samples with `trl_ext.grpo.vllm.cpu_sampler`'s fix (`use_fp64_gumbel`, read
+    back from the engine's own `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary
+    on AVX2 kernels (tests/test_vllm_sampler.py). Catches the trainer leaving a colocated CPU engine on the compiled
+    path."""
     assert colocate["sampler_fixed"] is True
 
 
@@ -156,7 +157,7 @@ def test_importance_sampling_ratio_uses_the_engine_log_probs(colocate):
 
 
 def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
-    """Issue #23 item 4, against vLLM itself: for completions the real engine generated with stop strings (one-token
+    """Against vLLM itself: for completions the real engine generated with stop strings (one-token
     tags, characters, two-token strings; the stop string's text kept and dropped), `trl_ext.grpo.rollouts.finished`'s
     rule calls a completion finished exactly when vLLM's `finish_reason` is "stop" (stop string or EOS) and truncated
     when it is "length". TRL's rule (last token EOS or pad) called every stop-string completion truncated."""
@@ -175,10 +176,22 @@ def test_engine_stop_strings_are_finished_by_vllms_own_account(colocate):
 
 
 def test_padding_free_gives_the_same_loss_and_gradients_on_engine_batches(colocate):
-    """Issue 24: on every batch the real engine generated (with TRL's importance-sampling ratio from the engine's
+    """On every batch the real engine generated (with TRL's importance-sampling ratio from the engine's
     log-probs), the loss and its gradients with `padding_free` on equal the padded ones (loss 1e-6, gradients 1e-5
     relative). Catches a packed forward that mixes rows or scores the wrong tokens."""
     for generation in colocate["generations"]:
         check = generation["padding_free"]
         assert check["grad_max"] > 1e-4 and len(set(check["tokens"])) > 1  # a real gradient, rows of varied length
         assert check["loss_diff"] <= 1e-6 and check["grad_rel"] <= 1e-5, (generation["step"], check)
+
+
+def test_no_method_is_replaced_on_a_library_object_in_colocate_mode(colocated_runs):
+    """The colocated runs' trainers after training (GRPO, dynamic sampling, expert iteration with SFT validation on
+    its engine, finish reasons with a speculative engine): no instance attribute of the trainer, its vLLM generation,
+    the engine TRL built or that engine's `llm_engine` shadows a method of its class. The colocated CPU sync, the
+    sampler fix and the finish reasons are overrides of `TrlExtVLLMGeneration`; catches a wrapper assigned onto a live
+    object, as `llm.generate = ...` and `vllm_generation.sync_weights = ...` once were."""
+    for name in ("colocate", "dynamic_sampling", "expert_iteration", "finish_reasons"):
+        shadowed = _result(colocated_runs, name)["shadowed"]
+        assert set(shadowed) == {"trainer", "vllm_generation", "llm", "llm_engine"}, (name, shadowed)
+        assert not any(shadowed.values()), (name, shadowed)

@@ -7,11 +7,11 @@ own log), which pays the imports of torch, transformers and vLLM once. The child
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's own switch, which on the CPU also keeps the model in that process instead
 of a worker): the same engine, model code and sampler as the default layout (checked: the greedy run's responses and
 log-probs are identical with and without it), without vLLM's engine and worker processes, each of which imports vLLM
-again (36 against 27 CPU-s for the greedy run on this machine).
+again (36 against 27 CPU-s for the greedy run on a 2-core CPU).
 The tiny model is float32 and the CPU engine runs it in float32 (`--dtype float32`, the default), so greedy decoding
 must give the same tokens as transformers. The checkpoint's generation_config sets a repetition penalty, top-k,
 top-p and temperature of its own (as Qwen2.5 Instruct checkpoints do): both backends must sample only what the
-command says (issue #23 item 5; transformers fills unset fields from that config, vLLM's server would too).
+command says (transformers fills unset fields from that config, vLLM's server would too).
 Measured: the per-sample mean log-prob vLLM returns differs from a plain forward pass by <= 1e-6 (greedy: 16
 samples, sampled: 245 of 256 samples read back to token ids).
 """
@@ -60,7 +60,7 @@ def runs(tmp_path_factory):
     data = shared_path("countdown", "dev.parquet")
     greedy = ["--temperature", "0", "--n", "1", "--max-tokens", "24", "--ns", "1"]
     sampled = ["--temperature", "1.0", "--n", "8", "--max-tokens", "12,24", "--ns", "1,4,8"]
-    # the sampled run leaves the backend to `auto`, which must pick this machine's CPU engine (issue 29 item 5)
+    # the sampled run leaves the backend to `auto`, which must pick this machine's CPU engine
     commands = []
     for name, args in (("greedy", [*greedy, "--backend", "vllm"]), ("sampled", [*sampled, "--backend", "auto"])):
         commands += [
@@ -131,7 +131,7 @@ def test_greedy_vllm_and_transformers_give_the_same_tokens(runs, tmp_path):
 def test_auto_backend_runs_the_cpu_engine_and_says_why(runs):
     """`--backend auto` on this machine (vLLM's CPU build installed, no GPU): the run generated with vLLM, says so
     before generating (stderr) and in its report and summary, with the reason. Catches `auto` falling back to
-    transformers `generate` (3.0x slower on the CPU, issue 29 item 5) or choosing silently."""
+    transformers `generate` (3.0x slower on the CPU) or choosing silently."""
     from vllm_helpers import vllm_build
 
     why = f"auto: vLLM's CPU build ({vllm_build()}) is installed and there is no GPU"

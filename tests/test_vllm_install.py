@@ -48,6 +48,7 @@ def test_the_weight_transfer_plugin_is_installed_for_vllm():
         "trl_ext.grpo.weight_sync.colocate",
         "trl_ext.grpo.weight_sync.plugin",  # vLLM loads it as a plugin; the launcher reads its flags
         "trl_ext.grpo.weight_sync.wire",
+        "trl_ext.grpo.vllm.cpu_sampler",  # the launcher and the evaluation read its setting
     ],
 )
 def test_trl_ext_modules_do_not_import_vllm(module):

@@ -1,4 +1,4 @@
-"""vLLM's CPU engine samples from its own distribution on AVX2 kernels (`trl_ext.vllm_cpu`).
+"""vLLM's CPU engine samples from its own distribution on AVX2 kernels (`trl_ext.grpo.vllm.cpu_sampler`).
 
 One engine start (tests/scripts/vllm_sampler.py, under `ATEN_CPU_CAPABILITY=avx2`, with the evaluation backend's CPU
 engine settings): 4,000 draws of one next token, checked against the engine's own full-vocabulary probabilities by a

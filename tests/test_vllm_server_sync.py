@@ -1,15 +1,15 @@
 """GRPO in vLLM server mode on the CPU with the real engine: the trainer's weights reach a running server after every
-optimizer step (issue 29), under DDP and DeepSpeed ZeRO-3 (issue 39), and for expert iteration's and SFT's
-validation (issue 36).
+optimizer step, under DDP and DeepSpeed ZeRO-3, and for expert iteration's and SFT's
+validation.
 
 One server for the module: `trl vllm-serve` on vLLM's CPU build with the gloo weight transfer, its command composed
 as `trl-ext launch` composes it (`trl_ext.launch.planning.server_command`, `trl_ext.launch.cpu_layout.
 cpu_server_args`), in vLLM's uniprocess executor (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no worker process busy-polling
 a queue after every request, see `_start_server`). Against it, in child processes (tests/scripts/vllm_server_sync.py;
-TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.GlooVLLMClient`):
+TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.vllm.client.TrlExtVLLMClient`):
 
 1. two training processes under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`: first DDP over
-   gloo, 3 optimizer steps (and issue 30's async DDP runs), the launch's DeepSpeed set aside while these build their
+   gloo, 3 optimizer steps (and the async DDP runs), the launch's DeepSpeed set aside while these build their
    trainers (under torchrun instead where DeepSpeed is not installed and the ZeRO-3 tests skip);
 2. then in the same processes DeepSpeed ZeRO-3 (TRL gathers each module's shards for the sync), 4 steps with a
    checkpoint at step 2, then a new trainer resumes from it; then 3 steps with PEFT LoRA;
@@ -23,7 +23,7 @@ TRL's own `VLLMGeneration.sync_weights` drives `trl_ext.grpo.weight_sync.client.
 After each step of the runs in 1, 2 and 3 the weights are synced and the server generates greedily from 4 fixed
 prompts; the log-probs it returns for its tokens equal a plain float32 forward of the trainer's model within 1e-4
 (measured <= 6e-6), while training moved those log-probs by 2 to 8 from the initial weights'. With TRL's sync
-turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3 (docs/testing.md).
+turned off (`--no-sync`, not in the suite) the same check fails by 6.6, 7.3 and 10.4 at steps 1-3.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port
-from vllm_async_checks import (  # noqa: F401 -- issue 30's checks, collected here to share this module's server
+from vllm_async_checks import (  # noqa: F401 -- the async rollouts' checks, collected here to share this module's server
+    _async,
     read_async,
     test_async_importance_ratio_is_against_the_samplers_log_probs,
     test_async_mid_batch_request_with_dynamic_sampling_padding_free_and_dr_grpo,
@@ -80,7 +81,7 @@ def _start_server(root: Path, model: str, marker: str):
     args, _ = cpu_server_args(SERVER_ARGS.split(), None, "float32")
     command = server_command(model, "127.0.0.1", port, 1, 1, [], args)
     # The server samples correctly under any ATEN_CPU_CAPABILITY: `cpu_server_args` gives it the sampler fix
-    # (`--use-fp64-gumbel`, trl_ext.vllm_cpu; tests/test_vllm_sampler.py).
+    # (`--use-fp64-gumbel`, trl_ext.grpo.vllm.cpu_sampler; tests/test_vllm_sampler.py).
     # The engine's worker in the engine's own process (vLLM's uniprocess executor): on the CPU build, vLLM's default
     # there (a worker process fed through a shared-memory queue) busy-polls that queue for 1 s after every request,
     # which cost more CPU than the rest of the server (93 s of 137 s in one measured run of this module).
@@ -110,8 +111,8 @@ def runs(tmp_path_factory):
         out = root / "out"
         out.mkdir()
         if deepspeed_required():
-            # Issue 39: ZeRO-3, 4 steps with a checkpoint at 2, then a new trainer resumes; first, in the same two
-            # processes, the DDP runs (DeepSpeed set aside while they build their trainers) and issue 30's async ones.
+            # ZeRO-3, 4 steps with a checkpoint at 2, then a new trainer resumes; first, in the same two
+            # processes, the DDP runs (DeepSpeed set aside while they build their trainers) and the async ones.
             config = REPO / "accelerate_configs" / "cpu_zero3.yaml"
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                       "--main_process_port", str(free_port())]  # fmt: skip
@@ -128,7 +129,7 @@ def runs(tmp_path_factory):
         argv = [
             sys.executable,
             str(SCRIPTS / "vllm_server_sync.py"),
-            # issue 32 item 5 (finish reasons) and issue 30 (async) in this process too; the stall runs first, each
+            # the finish reasons and the async runs in this process too; the stall runs first, each
             # forked from it (its imports paid once)
             *_script_args(out, port, model, runs_),
             "--kill-marker",
@@ -141,7 +142,7 @@ def runs(tmp_path_factory):
         env = child_env(TRL_EXT_TEST_MARK=trainer_mark, TRL_EXT_VLLM_SERVER_LOG=str(server.log_path))
         with open(root / "single.log", "w") as log:
             proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-            # Issue 36: the watchdog, the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
+            # The watchdog: the server stopped (SIGSTOP) mid-generation and mid-sync, resumed afterwards (a
             # sync cut short leaves the server mid-reload: the test finishes it before the next run).
             result["stall"] = {run: _stall(root, port, run, server, proc) for run in ("stall_gen", "stall_sync")}
             deadline = time.monotonic() + 900
@@ -257,7 +258,7 @@ def test_server_log_probs_equal_the_trainers_forward_after_every_step(runs, name
 
 def test_grpo_learns_in_server_mode_with_the_importance_ratio_at_one(runs):
     """A 12-step GRPO run in server mode on the digit-share reward (16 completions a step): the mean reward of the
-    last 2 steps exceeds that of the first 2 by 0.25 or more. Measured over 10 runs (6 with this machine's kernels,
+    last 2 steps exceeds that of the first 2 by 0.25 or more. Measured over 10 runs (6 with the CPU's default kernels,
     4 with ATEN_CPU_CAPABILITY=avx2 in the trainer): rises 0.76 to 0.93 (first windows 0.05-0.24, last 0.89-1.0).
     Two windows of 32 completions of a reward in [0, 1] differ with SE <= 0.125 (SD 0.5 each), so the bound is
     4 worst-case SE below the smallest rise (about 19 SE with the measured SDs, ~0.15 at the start, ~0 at the end).
@@ -288,7 +289,7 @@ def test_server_killed_mid_run_stops_the_trainer_naming_the_servers_log(runs):
     record = runs["runs"]["kill"]
     assert record["global_step"] == 1
     error = record["error"]
-    # The watchdog's wrapper names the step first (issue 36), then the client's error naming the server.
+    # The watchdog's wrapper names the step first, then the client's error naming the server.
     assert error.startswith(
         "ServerSyncError: weight sync at step 1 failed: VLLMServerError: the vLLM server at http://"
     )
@@ -297,7 +298,7 @@ def test_server_killed_mid_run_stops_the_trainer_naming_the_servers_log(runs):
 
 
 def test_finished_follows_the_servers_own_finish_reason(runs):
-    """Issue 32 item 5 in server mode (tests/scripts/vllm_server_finish_reasons.py): with `mask_truncated_completions`,
+    """In server mode (tests/scripts/vllm_server_finish_reasons.py): with `mask_truncated_completions`,
     n=4 seeded samples of 6 prompts per case, TRL's request through `VLLMClient`; the same body posted to the server
     is the reference. On every row the trainer generated the reference's ids and called a completion finished exactly
     when the server's `finish_reason` is "stop" (its loss mask whole, else empty). With the tags special to the
@@ -322,14 +323,14 @@ def test_finished_follows_the_servers_own_finish_reason(runs):
     [("stall_gen", "generation request (generate) at step 1 "), ("stall_sync", "weight sync at step 1, tensor '")],
 )
 def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs, run, where):
-    """Issue 36: the server's process group stopped (SIGSTOP) just before a generation request (TRL's request has no
+    """The server's process group stopped (SIGSTOP) just before a generation request (TRL's request has no
     timeout of its own: without the watchdog it waits forever) or in the middle of a weight sync (after the third
     tensor was handed over): the trainer ends within `vllm_server_timeout` (15 s) plus 5 s of the stop, its output
     names the step, the operation and for the sync the tensor, with the server log's last lines, and no process of
     it is left (the stall runs are forked children of the script's process, their subreaper: anything a run left
     running is reparented there and reported). The watchdog ends it with exit code 3; the gloo sync may instead fail
     on its own bounded wait (exit 1, `ServerSyncError` with the same facts)."""
-    from trl_ext.grpo.weight_sync.watchdog import STALL_EXIT_CODE
+    from trl_ext.grpo.vllm.watchdog import STALL_EXIT_CODE
 
     record = runs["stall"][run]
     assert "stopped" in record, record["output"][-4000:]
@@ -347,7 +348,7 @@ def test_a_stopped_server_stops_the_trainer_within_the_timeout_saying_where(runs
 def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_uninterrupted_one(
     runs, full_name, resumed_name
 ):
-    """Issue 36 (one process) and issue 39 (two ZeRO-3 processes: DeepSpeed's sharded checkpoint): 4 steps with a
+    """In one process and in two ZeRO-3 processes (DeepSpeed's sharded checkpoint): 4 steps with a
     checkpoint at step 2, then a new trainer resumes from that checkpoint against the same server, which holds the
     step-4 weights by then. At the resumed run's first sync (before its first generation, before step 3) the server's
     greedy log-probs equal a forward of the trainer's resumed weights within 1e-4, and those weights are not the
@@ -372,7 +373,7 @@ def test_a_resumed_run_generates_from_the_resumed_weights_and_continues_as_the_u
 
 
 def test_expert_iteration_syncs_the_server_over_gloo_exactly(runs):
-    """Issue 36: `ExpertIterationTrainer` in server mode on the CPU builds the gloo client GRPO uses (TRL's own
+    """`ExpertIterationTrainer` in server mode on the CPU builds the gloo client GRPO uses (TRL's own
     client needs NCCL): after 2 EI steps and TRL's sync the server's greedy log-probs equal the trainer's forward.
     And its validation after each EI step (2 SFT steps each: global steps 2 and 4) generated from the weights of that
     moment: right after it, with no sync of the check's own, the server's log-probs equal the trainer's forward."""
@@ -387,7 +388,7 @@ def test_expert_iteration_syncs_the_server_over_gloo_exactly(runs):
 
 
 def test_sft_validation_pushes_the_weights_to_the_server_over_gloo_exactly(runs):
-    """Issue 36: `ValidatingSFTTrainer` measuring accuracy with a server (`vllm_mode: server`, greedy, 4 Countdown
+    """`ValidatingSFTTrainer` measuring accuracy with a server (`vllm_mode: server`, greedy, 4 Countdown
     problems) after each of 2 SFT steps (learning rate 5e-2) pushes its weights over the gloo transfer first: right
     after each measurement, with no sync of the check's own, the server's greedy log-probs on the fixed prompts equal
     a forward of the trainer's model within 1e-4, and training moved them by more than 1. Catches a validation that
@@ -402,9 +403,9 @@ def test_sft_validation_pushes_the_weights_to_the_server_over_gloo_exactly(runs)
 
 
 def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
-    """Issue 39: the ZeRO-3 runs trained in a `DeepSpeedEngine` at stage 3, and a model loaded after the trainer was
+    """The ZeRO-3 runs trained in a `DeepSpeedEngine` at stage 3, and a model loaded after the trainer was
     built (transformers' `zero.Init` under the active config) came out sharded over the 2 processes: DeepSpeed's
-    communication layer counts both (`trl_ext.grpo.config.join_deepspeed_comm`; before it, that load stopped on
+    communication layer counts both (`trl_ext.grpo.deepspeed_comm.join_deepspeed_comm`; before it, that load stopped on
     DeepSpeed's batch assertion, `train_batch_size 16 != 8 * 1 * 1`), and started without building DeepSpeed's
     shared-memory all-reduce, which training does not use (its JIT build took 1.5 to 3 minutes of this module)."""
     skip_without_deepspeed(runs, "zero3_full")
@@ -416,6 +417,39 @@ def test_zero3_runs_are_deepspeed_stage_3_with_both_processes_counted(runs):
         assert facts["shard_numel"] == -(-facts["full_numel"] // 2), facts  # half of the tensor, rounded up
         # DeepSpeed's communication layer started without compiling its shared-memory all-reduce (minutes of g++)
         assert facts["shm_comm_op_built"] is False, facts
+
+
+def test_no_method_is_replaced_on_a_library_object_in_server_mode(runs):
+    """Every run's trainer (GRPO on one and two processes, under ZeRO-3, with PEFT, padding-free, async rollouts on one
+    and two processes with dynamic sampling, expert iteration, SFT validation), after training or, for the runs this
+    module's script instruments itself, as built: no instance attribute of the trainer, its vLLM generation, its
+    client or DeepSpeed's communication backend shadows a method of its class. Every behaviour of trl_ext there is an
+    override in a subclass (`TrlExtVLLMGeneration`, `TrlExtVLLMClient`); catches a wrapper assigned onto a live
+    object, as `client._post = ...` once was."""
+    checked = {name: record["shadowed"] for name, record in runs["runs"].items() if "shadowed" in record}
+    result = _async(runs)
+    for name, record in result.items():
+        if name != "ddp" and isinstance(record, dict) and "shadowed" in record:
+            checked[f"async/{name}"] = record["shadowed"]
+    for rank, ranks_runs in enumerate(result["ddp"]):
+        checked.update({f"async_ddp/{name}/rank{rank}": record["shadowed"] for name, record in ranks_runs.items()})
+    expected = {
+        "ddp",
+        "padding_free",
+        "peft",
+        "resume_full",
+        "ei",
+        "sft",
+        "async/midbatch",
+        "async_ddp/ddp_staleness1/rank1",
+    }
+    if deepspeed_required():
+        expected |= {"zero3_full", "zero3_peft"}
+    assert expected <= set(checked), sorted(checked)
+    assert all("vllm_client" in checked[name] for name in ("padding_free", "ei", "sft", "async/midbatch")), checked
+    if deepspeed_required():
+        assert "deepspeed_comm" in checked["zero3_full"], checked["zero3_full"]
+    assert {name: found for name, found in checked.items() if any(found.values())} == {}
 
 
 def skip_without_deepspeed(runs: dict, name: str) -> None:

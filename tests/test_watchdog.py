@@ -1,4 +1,4 @@
-"""The server watchdog (`trl_ext.grpo.weight_sync.watchdog`) without a server: its timer, its message, its exit.
+"""The server watchdog (`trl_ext.grpo.vllm.watchdog`) without a server: its timer, its message, its exit.
 
 The real server stopped mid-generation and mid-sync: tests/test_vllm_server_sync.py.
 """
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trl_ext.grpo.weight_sync.watchdog import STALL_EXIT_CODE, ServerSyncError, Watchdog
+from trl_ext.grpo.vllm.watchdog import STALL_EXIT_CODE, ServerSyncError, Watchdog
 
 
 def test_a_stall_names_step_operation_tensor_and_the_logs_tail(tmp_path):
@@ -49,7 +49,7 @@ def test_a_stall_ends_the_process_with_its_exit_code_and_message(tmp_path):
     script = textwrap.dedent(
         """
         import time
-        from trl_ext.grpo.weight_sync.watchdog import Watchdog
+        from trl_ext.grpo.vllm.watchdog import Watchdog
         dog = Watchdog(0.5, step=lambda: 1, server_log="")
         print(time.time(), flush=True)
         with dog.watch("weight sync"):

@@ -15,7 +15,6 @@ import pytest
 import torch
 from helpers import free_port
 
-from trl_ext.grpo.weight_sync.client import applies
 from trl_ext.grpo.weight_sync.wire import GlooLink, chunk_plan, pack, send_chunks, unpack
 
 
@@ -113,17 +112,3 @@ def test_a_missing_peer_fails_within_the_timeout_instead_of_hanging():
     with pytest.raises(RuntimeError):
         GlooLink("127.0.0.1", free_port(), 0, 2, 2.0, "127.0.0.1")
     assert time.monotonic() - start < 30
-
-
-def test_the_gloo_client_is_chosen_only_for_server_mode_without_cuda():
-    """`server_weight_sync` (around `GRPOTrainer.__init__`) swaps in `GlooVLLMClient` only for server mode on a trainer
-    without CUDA or with `use_cpu`; colocate mode, and server mode on a GPU, keep TRL's own (NCCL). The swap itself
-    is exercised with the real engine (test_vllm_server_sync: TRL's client raises NotImplementedError on the CPU)."""
-    from types import SimpleNamespace
-
-    assert applies(SimpleNamespace(use_vllm=True, vllm_mode="server", use_cpu=True))
-    assert applies(SimpleNamespace(use_vllm=True, vllm_mode="server", use_cpu=False)) == (
-        not torch.cuda.is_available()
-    )
-    assert not applies(SimpleNamespace(use_vllm=True, vllm_mode="colocate", use_cpu=True))
-    assert not applies(SimpleNamespace(use_vllm=False, vllm_mode="server", use_cpu=True))

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (issue 30) with the real CPU engine, against the server of tests/test_vllm_server_sync.py.
+"""Asynchronous rollouts with the real CPU engine, against the server of tests/test_vllm_server_sync.py.
 
 Starting `trl vllm-serve` costs 30-100 s here, so these checks share that module's server: the module's launches
 run tests/scripts/vllm_async.py's runs in their own processes (runs `async` and `async_ddp` of
@@ -78,7 +78,7 @@ def test_async_one_batch_ahead_keeps_the_prompts_and_tags_each_row_with_its_samp
     assert ahead["metrics"]["async/prefetched"] == [0.0, 1.0, 1.0, 1.0]
     assert ahead["metrics"]["async/staleness"] == [0.0, 1.0, 1.0, 1.0]
     for batch in ahead["batches"]:
-        # vLLM's finish reasons reach trl_ext.grpo.rollouts.finish_reasons for a replayed answer as for a direct one
+        # vLLM's finish reasons reach trl_ext.grpo.vllm.finish_reasons for a replayed answer as for a direct one
         assert batch["finish_reasons"] is not None and len(batch["finish_reasons"]) == len(batch["rows"])
         expected = max(batch["step"] - 1, 0)
         assert {row["version"] for row in batch["rows"]} == {expected}, batch["step"]

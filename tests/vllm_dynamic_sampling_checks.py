@@ -4,7 +4,7 @@ the batches TRL's vLLM path produced are rebuilt with every vLLM entry still on 
 Collected by tests/test_vllm_colocate.py, whose one child process (tests/scripts/vllm_colocated_runs.py) runs these
 records' script, tests/scripts/vllm_dynamic_sampling.py (3 steps), in turn with the other colocated runs: its own
 trainer and engine, the imports shared. The engine runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 45 CPU s
-for the run in a process of its own on this machine instead of 79 with inductor; a run measured |engine - forward| up
+for the run in a process of its own on a 2-core CPU, 79 with inductor; a run measured |engine - forward| up
 to 0.054, LOGP_TOL 0.1)."""
 
 from __future__ import annotations

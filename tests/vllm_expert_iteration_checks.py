@@ -13,8 +13,8 @@ weights (measured gaps <= 1e-6; tolerance 1e-4). TRL builds the colocated engine
 in bfloat16: the engine's log-probs of its sampled tokens differ from the float32 forward by up to 0.06 with this
 model (std-0.1 weights; 0.01 on average), tolerance 0.15; one SFT step at lr 2e-3 moves them by 1.0 to 1.2 on
 average. Measured under ATEN_CPU_CAPABILITY=default and avx2 (different samples, same margins), with vLLM's
-inductor-compiled graph. The engine now runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 54 CPU s for the
-run in a process of its own on this machine instead of 83); one such run measured up to 0.074 (0.012 on average),
+inductor-compiled graph. The engine runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`: 54 CPU s for the run
+in a process of its own on a 2-core CPU, 83 with inductor); one such run measured up to 0.074 (0.012 on average),
 moved by 0.71.
 """
 
@@ -106,8 +106,9 @@ def test_rollouts_come_from_the_engine_with_the_trained_weights(ei):
 
 
 def test_the_colocated_cpu_engine_of_expert_iteration_samples_with_the_sampler_fix(ei):
-    """The engine TRL built for the EI trainer samples with `trl_ext.vllm_cpu`'s fix (`use_fp64_gumbel`, read back
-    from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on AVX2."""
+    """The engine TRL built for the EI trainer samples with `trl_ext.grpo.vllm.cpu_sampler`'s fix (`use_fp64_gumbel`,
+    read back from its `TopKTopPSampler`): vLLM's compiled CPU sampler was measured skipping half a vocabulary on
+    AVX2."""
     assert ei["sampler_fixed"] is True
 
 

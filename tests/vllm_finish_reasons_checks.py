@@ -1,4 +1,4 @@
-"""Truncation from vLLM's own word (issue 32 item 5), colocate mode on the real CPU engine.
+"""Truncation from vLLM's own word, colocate mode on the real CPU engine.
 
 Collected by tests/test_vllm_colocate.py, whose one child process (tests/scripts/vllm_colocated_runs.py) runs these
 records' script, tests/scripts/vllm_finish_reasons.py, in turn with the other colocated runs: its own trainer and
@@ -8,7 +8,7 @@ on) once per case, and the same requests straight to `llm.generate`, whose `fini
 is a way the token-tail rule (`finished_completions`, still the transformers backend's rule) misreads a completion vLLM
 finished; each test first shows the case occurred (rows where that rule disagrees with vLLM, for the case's reason),
 then that the trainer followed vLLM on every row. The engine runs its traced graph eagerly (`vllm_helpers.EAGER_GRAPH`:
-90 CPU s for the run in a process of its own on this machine instead of 123 with inductor)."""
+90 CPU s for the run in a process of its own on a 2-core CPU, 123 with inductor)."""
 
 from __future__ import annotations
 

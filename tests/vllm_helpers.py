@@ -143,7 +143,7 @@ def forward_logps(model, prompt_ids: list[int], completion_ids: list[int]) -> li
 # The child's environment for a colocated engine whose compiled graph the check does not need: vLLM's CPU platform
 # then runs its Dynamo-traced model eagerly instead of compiling it with inductor, and skips the warm-up forward
 # (`VLLM_CPU_CI_ENV`, which vLLM 0.31 reads for these two only: vllm/platforms/cpu.py, vllm/v1/worker/cpu_worker.py).
-# Measured on this machine (user + sys of the test module): dynamic sampling 45 CPU s so, 79 with inductor; expert
+# Measured on a 2-core CPU (user + sys of the test module): dynamic sampling 45 CPU s so, 79 with inductor; expert
 # iteration 54, 83 with inductor; finish reasons 90, 123 with inductor.
 # tests/test_vllm_colocate.py keeps the default, the compiled graph users get, for the weight sync.
 EAGER_GRAPH = {"VLLM_CPU_CI_ENV": "1"}

@@ -11,8 +11,8 @@ import typer
 from trl_ext.discover.check import register as register_kissing_check
 from trl_ext.discover.cli import register as register_discover
 from trl_ext.launch.cli import register as register_launch
-from trl_ext.plotting import register as register_plot
 from trl_ext.recipes.eval_command import register as register_eval
+from trl_ext.reporting.plot import register as register_plot
 from trl_ext.study.cli import register as register_study
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="trl_ext: GRPO ablations with verified rewards.")

@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The tests that train and then compare numbers (docs/testing.md, "Machine-independent outcomes", says each margin).
+# The tests that train and then compare numbers (docs/testing.md, "Learning outcomes on any CPU", says each margin).
 OUTCOME_TESTS = [
     "tests/test_demo.py",
     "tests/test_trainer_learning.py",

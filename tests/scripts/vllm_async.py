@@ -55,6 +55,7 @@ def run(
 ) -> tuple[dict, dict]:
     import torch
     from datasets import Dataset
+    from helpers import shadowed_methods
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
@@ -135,13 +136,14 @@ def run(
         processing_class=tokenizer,
         callbacks=[Snapshots()],
     )
+    shadowed = shadowed_methods(trainer)  # as built (with the replay in place), before this script's own wrapper below
     # Every weight push is checked for a generation request still running on the server (there must be none).
     generation, pushes = trainer.vllm_generation, {"count": 0, "during_generation": 0}
     sync_weights = generation.sync_weights
 
     def checked_sync_weights():
         rollouts = trainer._rollouts
-        pending = rollouts.layer.worker.pending if rollouts is not None and rollouts.layer is not None else None
+        pending = rollouts.replay.worker.pending if rollouts is not None and rollouts.replay is not None else None
         pushes["count"] += 1
         pushes["during_generation"] += int(pending is not None and not pending.future.done())
         return sync_weights()
@@ -166,6 +168,7 @@ def run(
         "batches": batches,
         "pushes": pushes,
         "clip_max": args.vllm_importance_sampling_clip_max,
+        "shadowed": shadowed,
     }
     return result, {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -78,8 +78,8 @@ def main() -> None:
     parser.add_argument("--veth-ip")
     args, _recipe_args = parser.parse_known_args()
     # vLLM hidden while TRL's client module loads: it then skips its imports of vLLM's NCCL weight transfer (this
-    # client syncs no weights): this process used 18 CPU s in each run before, 8-10 (clean run) and 5 (killed run)
-    # after, measured on a 2-core CPU. Shown again before `VLLMClient` checks that vLLM is installed. TRL's
+    # client syncs no weights): this process takes 8-10 CPU s (clean run) and 5 (killed run) so, 18 with vLLM's
+    # imports, measured on a 2-core CPU. Shown again before `VLLMClient` checks that vLLM is installed. TRL's
     # `reset_prefix_cache` then takes its other branch, which checks the same thing (status 200) without parsing
     # the answer.
     sys.modules["vllm"] = None

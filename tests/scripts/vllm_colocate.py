@@ -7,7 +7,7 @@ weights that sampled them, and TRL's importance-sampling ratio; and, before trai
 weights were synced, the log-probs of one fixed completion from the engine and from the trainer's model; and, for
 tests/test_finished.py's rule, completions the engine stopped with stop strings (with and without the stop string
 in the text) with vLLM's own finish reasons; and per generation, the loss and gradients of the batch with
-`padding_free` off and on; and whether the engine's sampler has `trl_ext.vllm_cpu`'s fix on.
+`padding_free` off and on; and whether the engine's sampler has `trl_ext.grpo.vllm.cpu_sampler`'s fix on.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def engine_logps(llm, prompt_ids: list[int], completion_ids: list[int]) -> list[
 
 def padding_free_check(trainer, batch) -> dict:
     """`trainer._compute_loss` of `batch` (the engine's completions, with TRL's importance-sampling ratio) and its
-    gradients with `padding_free` off and on (issue 24). `torch.autograd.grad` and restored metrics leave the training
+    gradients with `padding_free` off and on. `torch.autograd.grad` and restored metrics leave the training
     step's gradients and logs as they were."""
     import copy
 
@@ -172,7 +172,9 @@ def stopped_completions(llm, tokenizer) -> list[dict]:
 
 
 def main(out_dir: Path, steps: int) -> None:
-    from trl_ext.vllm_cpu import engine_sampler
+    from helpers import shadowed_methods
+
+    from trl_ext.grpo.vllm.cpu_sampler import engine_sampler
 
     trainer, records = colocate_trainer(out_dir, steps, PROMPTS, id_reward, check_padding_free=True)
     model, tokenizer, llm = trainer.model, trainer.processing_class, trainer.vllm_generation.llm
@@ -196,6 +198,7 @@ def main(out_dir: Path, steps: int) -> None:
         "stops": STOPS,
         "stopped": stopped_completions(llm, tokenizer),
         "eos_and_pad": [tokenizer.eos_token_id, tokenizer.pad_token_id],
+        "shadowed": shadowed_methods(trainer),  # instance attributes over methods of library objects, after training
     }
     (out_dir / "result.json").write_text(json.dumps(result))
 

@@ -3,7 +3,7 @@
 Usage: vllm_colocated_runs.py OUT_DIR [NAME ...] (default: every run of RUNS, in its order). Each run is the `main`
 of its script under tests/scripts/, writing OUT_DIR/NAME/result.json: a new trainer, and a new colocated engine that
 TRL builds for it, per run. The process pays the imports of torch, transformers, TRL and vLLM once instead of once
-per run (about 20 of the 35 to 80 CPU seconds each run took in a process of its own on this machine).
+per run (about 20 of the 35 to 80 CPU seconds each run took in a process of its own on a 2-core CPU).
 
 Each run's engine environment is set before its trainer builds the engine: `colocate` keeps vLLM's compiled graph
 (inductor) that users get, the others run it eagerly (`vllm_helpers.EAGER_GRAPH`). vLLM caches its environment

@@ -27,6 +27,7 @@ def equal_or_varied_reward(prompts, completion_ids, **kwargs) -> list[float]:
 
 
 def main(out_dir: Path, steps: int) -> None:
+    from helpers import shadowed_methods
     from vllm_colocate import colocate_trainer
 
     trainer, records = colocate_trainer(
@@ -37,6 +38,7 @@ def main(out_dir: Path, steps: int) -> None:
         "global_step": trainer.state.global_step,
         "clip_max": trainer.args.vllm_importance_sampling_clip_max,
         "batches": records,
+        "shadowed": shadowed_methods(trainer),  # instance attributes over methods of library objects, after training
     }
     (out_dir / "result.json").write_text(json.dumps(result))
 

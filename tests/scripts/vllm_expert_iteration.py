@@ -161,10 +161,11 @@ def top2(model, prompt: list[int], completion: list[int]) -> tuple[list[int], li
 def main(out_dir: Path) -> None:
     import torch
     from conftest import shared_path
+    from helpers import shadowed_methods
     from vllm_helpers import save_engine_model
 
+    from trl_ext.grpo.vllm.cpu_sampler import engine_sampler
     from trl_ext.recipes import run_expert_iteration_recipe
-    from trl_ext.vllm_cpu import engine_sampler
 
     torch.set_num_threads(1)
     model = save_engine_model(out_dir / "model")
@@ -208,8 +209,9 @@ def main(out_dir: Path) -> None:
     state = json.loads((out_dir / "run" / "trainer_state.json").read_text())
     sft = sft_accuracy_on_the_engine(trainer_class.instance, data, out_dir)
     result = {**trainer_class.records, "final_eval": final, "log_history": state["log_history"], "sft": sft}
-    # trl_ext.vllm_cpu's fix, read back from the sampler of the engine TRL built for the EI trainer
+    # trl_ext.grpo.vllm.cpu_sampler's fix, read back from the sampler of the engine TRL built for the EI trainer
     result["sampler_fixed"] = engine_sampler(trainer_class.instance.vllm_generation.llm).use_fp64_gumbel
+    result["shadowed"] = shadowed_methods(trainer_class.instance)  # after training and SFT validation on its engine
     (out_dir / "result.json").write_text(json.dumps(result))
 
 

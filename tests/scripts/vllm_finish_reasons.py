@@ -77,6 +77,7 @@ def main(out_dir: Path) -> None:
 def run_cases(out_dir: Path, model, tokenizer) -> None:
     """The trainer and its speculative engine, then every case (see the module docstring)."""
     from datasets import Dataset
+    from helpers import shadowed_methods
     from vllm import SamplingParams
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer
@@ -136,6 +137,7 @@ def run_cases(out_dir: Path, model, tokenizer) -> None:
             "recorded_reasons": None if recorded is None else recorded.finish_reason,
             "clipped_ratio": trainer._metrics["train"]["completions/clipped_ratio"][-1],
         }
+    result["shadowed"] = shadowed_methods(trainer)  # instance attributes over methods of library objects
     result["tags"] = {tag: tokenizer.convert_tokens_to_ids(tag) for tag in TAG_TOKENS}
     result["eos_and_pad"] = eos_and_pad
     (out_dir / "result.json").write_text(json.dumps(result))

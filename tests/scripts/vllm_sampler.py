@@ -2,7 +2,7 @@
 
 Usage: vllm_sampler.py OUT_DIR [DRAWS]. Starts one in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on the
 tiny engine Qwen3 with the evaluation backend's CPU engine settings (`trl_ext.evaluation.vllm_backend`, which apply
-`trl_ext.vllm_cpu`'s fix), and for one prompt position:
+`trl_ext.grpo.vllm.cpu_sampler`'s fix), and for one prompt position:
 
 - the engine's own next-token distribution: its full-vocabulary log-probs (`logprobs=-1`);
 - a plain float32 forward's distribution of the same position (no vLLM code);
@@ -33,7 +33,7 @@ def main(out_dir: Path, draws: int) -> None:
 
     from trl_ext.evaluation.config import EvalConfig
     from trl_ext.evaluation.vllm_backend import vllm_engine_kwargs
-    from trl_ext.vllm_cpu import engine_sampler, fix_engine_sampler
+    from trl_ext.grpo.vllm.cpu_sampler import engine_sampler, fix_engine_sampler
 
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)

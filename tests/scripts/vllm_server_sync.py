@@ -16,22 +16,22 @@ the server's weight transfer anew), and writes OUT_DIR/NAME.json (rank 0):
 - `learn`: a short run on the digit-share reward; TRL's logged rewards and `sampling/importance_sampling_ratio`.
 - `kill`: after step 1, writes FILE and waits for the server to stop answering (the test kills it); the next step's
   sync must fail: records the error and its time, then exits 1.
-- `resume_full` / `resume` (issue 36): 4 steps sampled with a fixed per-request seed (`generation_kwargs`), a
+- `resume_full` / `resume`: 4 steps sampled with a fixed per-request seed (`generation_kwargs`), a
   checkpoint at step 2; then a new trainer resumes from it for steps 3-4. Both record the completions of every
   generation and TRL's logged losses; `resume` also records `server_check` right after its first sync (before its
   first generation and the first post-resume step).
-- `ei` (issue 36): `ExpertIterationTrainer` in server mode (2 EI steps, every completion kept), the same gloo sync
+- `ei`: `ExpertIterationTrainer` in server mode (2 EI steps, every completion kept), the same gloo sync
   as GRPO; after training, TRL's sync and `server_check` (recorded as its one check); it validates after each EI
   step (see `sft`).
-- `zero3_full` / `zero3_resume` (issue 39; under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`,
+- `zero3_full` / `zero3_resume` (under `accelerate launch --config_file accelerate_configs/cpu_zero3.yaml`,
   2 processes): `resume_full` / `resume` under DeepSpeed ZeRO-3, `zero3_full` checked after every step as `exact`
   (the trainer's weights gathered from the shards for the forward); both record the engine and whether a model
   loaded after the trainer was built came out sharded over both processes.
-- `sft` (issue 36): `ValidatingSFTTrainer` validating with the server after each of 2 SFT steps; after each
+- `sft`: `ValidatingSFTTrainer` validating with the server after each of 2 SFT steps; after each
   validation (no sync of the check's own) `server_check`, recorded under `validation_checks` (also for `ei`).
 - `finish_reasons`, `async`, `async_ddp`: the checks of tests/scripts/vllm_server_finish_reasons.py and
   tests/scripts/vllm_async.py, run in this process (`run_other`).
-- `stall_gen` / `stall_sync` (issue 36, the watchdog): at step 1, just before the generation request (`stall_gen`)
+- `stall_gen` / `stall_sync` (the watchdog): at step 1, just before the generation request (`stall_gen`)
   or after the third tensor handed to the weight sync (`stall_sync`), writes FILE (`--stall-marker`) and waits for
   FILE.ack (the test has stopped the server with SIGSTOP); the watchdog must end the process.
   With `--stall-dir D` each stall run is a forked child of this process instead (`run_forked`: this process's
@@ -112,7 +112,7 @@ def load_plain(path: str):
 def zero3_facts(trainer, path: str) -> dict:
     """Under ZeRO-3: the stage the trainer's accelerator runs, and whether a model loaded after the trainer was built
     came out sharded by `zero.Init` over both processes (DeepSpeed's batch assertion stops that load when its
-    communication layer counts one process: `trl_ext.grpo.config.join_deepspeed_comm`)."""
+    communication layer counts one process: `trl_ext.grpo.deepspeed_comm.join_deepspeed_comm`)."""
     import torch
     from deepspeed import comm
     from transformers import AutoModelForCausalLM
@@ -310,6 +310,7 @@ def wait_until_down(port: int, limit: float = 120.0) -> None:
 
 
 def train(run: str, args, out_dir: Path) -> dict:
+    from helpers import shadowed_methods
     from transformers import TrainerCallback
 
     record: dict = {"run": run, "checks": [], "validation_checks": []}
@@ -348,6 +349,9 @@ def train(run: str, args, out_dir: Path) -> dict:
         record["engine"] = zero3_facts(trainer, args.model)
     tokenizer = trainer.processing_class
     state["prompts"] = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in FIXED_PROMPTS]
+    instrumented = args.no_sync or run in SEEDED or run.startswith("stall")  # this script's own wrappers below
+    if instrumented:
+        record["shadowed"] = shadowed_methods(trainer)  # as built, before them
     if args.no_sync and trainer.vllm_generation is not None:
         trainer.vllm_generation.sync_weights = lambda: None
     if run in SEEDED or run.startswith("stall"):
@@ -369,6 +373,8 @@ def train(run: str, args, out_dir: Path) -> dict:
         client = getattr(trainer.vllm_generation, "vllm_client", None)
         if client is not None:
             client.close_communicator()
+    if not instrumented:
+        record["shadowed"] = shadowed_methods(trainer)  # after training (and validating)
     record["wrapped"] = type(trainer.model_wrapped).__name__
     record["log_history"] = trainer.state.log_history
     record["global_step"] = trainer.state.global_step
@@ -517,7 +523,7 @@ def preload() -> None:
     from datasets import Dataset  # noqa: F401
 
     from trl_ext import AblationGRPOConfig, AblationGRPOTrainer  # noqa: F401
-    from trl_ext.grpo.weight_sync.client import GlooVLLMClient  # noqa: F401
+    from trl_ext.grpo.vllm.generation import TrlExtVLLMGeneration  # noqa: F401
 
 
 def main() -> None:

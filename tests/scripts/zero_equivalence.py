@@ -41,7 +41,7 @@ sys.modules["vllm"] = None
 # run -> (TRL loss_type, None: the project's default objective; beta)
 # (Dr.GRPO first: with `use_cpu=True` a process's first GRPOTrainer with beta > 0 under an accelerate DeepSpeed
 # config failed in TRL's load of the reference model on DeepSpeed's batch assertion, until
-# `trl_ext.grpo.config.join_deepspeed_comm`; docs/gpu.md.)
+# `trl_ext.grpo.deepspeed_comm.join_deepspeed_comm`; docs/gpu.md.)
 RUNS = {"dr_grpo_b0": ("dr_grpo", 0.0), "default_b04": (None, 0.04)}
 
 # Two backwards without an optimizer step in between (the flag off, then on): DDP's `.grad` and ZeRO-3's gradient

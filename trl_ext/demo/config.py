@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
-GPU_RECIPE = "recipes/countdown/seed000_grpo_l512.yaml"
+GPU_RECIPE = "recipes/countdown/qwen3_1.7b_grpo_l512.yaml"
 GPU_COMMAND = (
     "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
     f"recipes/countdown.py --config {GPU_RECIPE}"

@@ -182,7 +182,7 @@ def run_grpo(
     clock: dict = {}
     args = AblationGRPOConfig(
         **_common_training_args(cfg, out, report_to),
-        # The seeds' vocabulary; by default on-policy: rollout batch = train batch = grpo_batch_size completions,
+        # The courses' vocabulary; by default on-policy: rollout batch = train batch = grpo_batch_size completions,
         # one epoch, so every step generates grpo_batch_size / group_size prompts x group_size completions.
         group_size=cfg.num_generations,
         rollout_batch_size=cfg.rollout_batch_size or cfg.grpo_batch_size,
@@ -190,7 +190,7 @@ def run_grpo(
         epochs_per_rollout_batch=cfg.epochs_per_rollout,
         # GRPO's three axis values, stated rather than left to defaults (AblationGRPOConfig's defaults are TRL's).
         advantage_type="group_mean_std",
-        advantage_eps=1e-6,  # the seeds' eps (TRL's is 1e-4)
+        advantage_eps=1e-6,  # the courses' eps (TRL's is 1e-4)
         pg_loss_type="grpo_clip",
         length_normalization="masked_mean",
         max_steps=cfg.grpo_steps,

@@ -1,9 +1,12 @@
-"""What the demo reports: the paired sign test, the GRPO-versus-control table and `curve.png`."""
+"""What the demo reports: the paired sign test, the GRPO-versus-control table and `curve.png` (drawn with
+`trl_ext.reporting.figures`)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+
+from trl_ext.reporting.figures import pyplot, save
 
 
 def paired_sign_test(before: list[int], after: list[int]) -> dict:
@@ -52,11 +55,7 @@ def comparison_table(rows: list[tuple[str, dict, dict | None]], num_problems: in
 def plot_curve(metrics: dict, path: Path) -> None:
     """Held-out greedy accuracy against training CPU seconds (SFT warm start before 0, then GRPO and the control
     from the same start at 0), with sampled accuracy at each phase's ends; and the GRPO training reward."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     arms = metrics["arms"]
     start = arms["start"]["heldout"]
     fig, (ax_acc, ax_reward) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -98,8 +97,7 @@ def plot_curve(metrics: dict, path: Path) -> None:
     ax_reward.plot([h["step"] for h in log], [h["reward"] for h in log], marker=".")
     ax_reward.set(xlabel="GRPO step", ylabel="mean reward of rollouts", title="GRPO training reward")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, dpi=100)
 
 
 ARM_STYLE = {
@@ -121,11 +119,7 @@ def arm_series(metrics: dict, arm: str, key: str) -> list[tuple[float, float]]:
 def plot_arms(metrics: dict, path: Path) -> None:
     """The arms side by side on one axis of training CPU seconds: held-out greedy accuracy (and the accuracy of one
     sample per problem at T=1, dashed), the entropy of the sampled responses, and their length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [
         ("held-out accuracy (%)", "greedy_accuracy", 100.0),
         ("entropy of sampled responses (nats / token)", "response_entropy", 1.0),
@@ -147,5 +141,4 @@ def plot_arms(metrics: dict, path: Path) -> None:
     axes[2].set_title("response length, the same samples")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, dpi=100)

@@ -1,8 +1,8 @@
-"""`trl-ext kissing-check program.py`: seed 002 section 7.3's evaluator, for a program that already exists.
+"""`trl-ext kissing-check program.py`: NLPDL HW3 section 7.3's evaluator, for a program that already exists.
 
 Runs the program in the sandbox (`trl_ext.rewards.kissing.run_points_program`: a separate, contained process;
 nothing of it runs here), takes its set of vectors C, checks `min_{x != y} |x - y| >= max_x |x|` with exact integer
-arithmetic (`verify_kissing_configuration`) and prints the metrics the seed names: `num_points` (|C|), `dimension`
+arithmetic (`verify_kissing_configuration`) and prints the metrics NLPDL HW3 names: `num_points` (|C|), `dimension`
 (11 by default) and `validity` (1.0 or 0.0), then the score (|C| when valid, else 0) and the verifier's message.
 The exit status is 0 for a valid set, 1 for an invalid one or a program that fails.
 
@@ -63,7 +63,7 @@ def check_program(source: str, dimension: int = 11, time_limit_s: float = 60.0) 
 
 
 def format_result(result: dict) -> str:
-    """The metrics one per line, `name: value`, as the seed's evaluator reports them, then the score and message."""
+    """The metrics one per line, `name: value`, as the course's evaluator reports them, then the score and message."""
     lines = [f"{name}: {result[name]}" for name in (*METRICS, "score")]
     return "\n".join([*lines, f"message: {result['message']}"])
 
@@ -74,11 +74,11 @@ def register(app: typer.Typer) -> None:
     @app.command("kissing-check")
     def kissing_check_command(
         program: Path = typer.Argument(..., help="The program to check (a program.py that gives the vectors)."),
-        dimension: int = typer.Option(11, help="Dimension the vectors must have (the seed's: 11)."),
+        dimension: int = typer.Option(11, help="Dimension the vectors must have (the course's: 11)."),
         time_limit: float = typer.Option(60.0, help="Sandbox seconds for the program, start-up included."),
         as_json: bool = typer.Option(False, "--json", help="Print the whole result as one JSON object."),
     ) -> None:
-        """Check a kissing-configuration program: number of points, dimension, validity (seed 002, section 7.3)."""
+        """Check a kissing-configuration program: number of points, dimension, validity (NLPDL HW3, section 7.3)."""
         if not program.is_file():
             raise typer.BadParameter(f"{program}: no such file", param_hint="PROGRAM")
         if dimension < 1:

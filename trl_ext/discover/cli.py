@@ -7,6 +7,41 @@ from pathlib import Path
 
 import typer
 
+# DiscoveryConfig's field names in its errors, as the options that set them.
+_OPTIONS = {
+    "samples": "--samples",
+    "rounds": "--rounds",
+    "temperature": "--temperature",
+    "dimension": "--dimension",
+    "workers": "--workers",
+    "system_prompt": "--system-prompt",
+    "task_prompt": "--prompt-file",
+    "history_window": "--history-window",
+    "max_tokens": "--max-tokens",
+    "time_limit_s": "--time-limit",
+}
+
+
+def _option_names(message: str) -> str:
+    field = message.split(" ", 1)[0]
+    return message.replace(field, _OPTIONS[field], 1) if field in _OPTIONS else message
+
+
+def _read_text_option(option: str, path: Path, if_empty: str = "") -> str:
+    """The text of the file an option names; a clear error naming the option when it is missing, unreadable, not
+    UTF-8 or blank."""
+    if not path.is_file():
+        raise typer.BadParameter(f"{option} {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise typer.BadParameter(f"{option} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise typer.BadParameter(f"{option} {path}: cannot read it ({err.strerror})") from None
+    if not text.strip():
+        raise typer.BadParameter(f"{option} {path}: the file is empty{if_empty}")
+    return text
+
 
 def register(app: typer.Typer) -> None:
     """Add `trl-ext discover` to the CLI."""
@@ -30,6 +65,15 @@ def register(app: typer.Typer) -> None:
         dimension: int = typer.Option(11, help="Dimension of the vectors."),
         workers: int = typer.Option(4, help="Programs checked at once."),
         prompt_file: Path | None = typer.Option(None, help="Replace the task prompt with this file's text."),
+        system_prompt: str | None = typer.Option(
+            None, help='The system message (default: trl_ext.discover.SYSTEM_PROMPT; "" sends none).'
+        ),
+        system_prompt_file: Path | None = typer.Option(None, help="Read the system message from this file."),
+        history_window: int | None = typer.Option(
+            None,
+            help="Exchanges (a round's chosen reply and the verifier's feedback) each refinement request carries "
+            "after the task prompt: the last K (default: all, the whole conversation; 1: the previous round's only).",
+        ),
         dtype: str = typer.Option("float32", help="Parameter dtype with --local."),
         output_dir: str = typer.Option("discover_out", help="Where program.py, conversation_log.json, report.md go."),
     ) -> None:
@@ -43,8 +87,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--local needs --model (a model directory)")
         if local and not Path(model).is_dir() and os.environ.get("HF_HUB_OFFLINE") == "1":
             raise typer.BadParameter(f"--model {model}: no such directory (and the hub is offline)")
-        if prompt_file is not None and not prompt_file.is_file():
-            raise typer.BadParameter(f"--prompt-file {prompt_file}: no such file")
+        task_prompt = _read_text_option("--prompt-file", prompt_file) if prompt_file is not None else None
+        if system_prompt is not None and system_prompt_file is not None:
+            raise typer.BadParameter("give one of --system-prompt TEXT or --system-prompt-file FILE, not both")
+        if system_prompt_file is not None:
+            hint = " (--system-prompt '' sends no system message)"
+            system_prompt = _read_text_option("--system-prompt-file", system_prompt_file, hint)
         try:
             cfg = DiscoveryConfig(
                 samples=samples,
@@ -56,10 +104,12 @@ def register(app: typer.Typer) -> None:
                 dimension=dimension,
                 output_dir=output_dir,
                 workers=workers,
-                task_prompt=prompt_file.read_text() if prompt_file else None,
+                task_prompt=task_prompt,
+                history_window=history_window,
+                **({} if system_prompt is None else {"system_prompt": system_prompt}),
             )
         except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
+            raise typer.BadParameter(_option_names(str(err))) from None
         try:
             if local:
                 backend = TransformersChatBackend(model, dtype=dtype)

@@ -1,5 +1,5 @@
 """Zero-shot evaluation: sample n completions per problem, score them with the training rewards, report
-accuracy, the seeds' three outcome categories, pass@N and Best@N, for one or several generation budgets.
+accuracy, the courses' three outcome categories, pass@N and Best@N, for one or several generation budgets.
 
 Pipeline (one function per arrow): task rows (`trl_ext.tasks.load_task`) -> prompt strings (chat template when
 `chat`) -> samples with per-token log-probabilities (vLLM on a GPU or with its CPU build, else
@@ -11,7 +11,7 @@ How the budgets share samples: autoregressive sampling is prefix-consistent (the
 with budget L' > L are distributed exactly as a sample drawn with budget L, same stop rule), so we sample once with
 the largest `max_tokens` and cut each sample to every smaller budget, instead of sampling again.
 
-Stop rule, as the seeds' vLLM `SamplingParams(stop=["</answer>"], include_stop_str_in_output=True)`: a response
+Stop rule, as the courses' vLLM `SamplingParams(stop=["</answer>"], include_stop_str_in_output=True)`: a response
 ends right after the first `</answer>` (kept in the text) or at EOS. The transformers backend passes
 `stop_strings=` to `generate` and, as a token may run past the stop string (`"</answer>."`), also cuts the decoded
 text after the first `</answer>` itself.
@@ -21,13 +21,14 @@ included) of log p(token | prefix) under the model's raw distribution (temperatu
 returns with its default `logprobs_mode="raw_logprobs"`. The transformers backend records it during generation
 from the unprocessed logits, so no second forward pass is needed.
 
-Categories (seed 000): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
+Categories (Assignment 2): `format1_answer1` (format reward 1 and answer reward 1), `format1_answer0`, `format0`.
 Accuracy is the mean answer reward; pass@1 equals it.
 
-Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto`
-runs, and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records),
-`summary` (pass@N / Best@N, categories), `pipeline` (`evaluate_model` in memory, `evaluate` with files). A library:
-it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
+Modules, one job each: `config` (`EvalConfig`), `samples` (a sample and its cut), `backend` (which backend `auto` runs,
+and why), `transformers_backend` and `vllm_backend` (generation), `scoring` (reward components and records), `summary`
+(pass@N / Best@N, categories; the estimators in `passk`), `pipeline` (`evaluate_model` in memory, `evaluate` with
+files, `evaluate_pair` for two models on the same problems), `compare` (the two models' verdicts per problem). A
+library: it knows nothing of recipes (`trl_ext.recipes.evaluation` turns a recipe into an `EvalConfig`;
 `trl_ext.recipes.eval_command` is `trl-ext eval`). The names below load their modules on first use.
 """
 
@@ -39,8 +40,14 @@ _LAZY = {
     "STOP": "trl_ext.evaluation.config",
     "TASK_NAMES": "trl_ext.evaluation.config",
     "EvalConfig": "trl_ext.evaluation.config",
+    "check_model_name": "trl_ext.evaluation.config",
     "parse_int_list": "trl_ext.evaluation.config",
+    "OUTCOMES": "trl_ext.evaluation.compare",
+    "compare_records": "trl_ext.evaluation.compare",
+    "compare_runs": "trl_ext.evaluation.compare",
+    "problem_verdicts": "trl_ext.evaluation.compare",
     "evaluate": "trl_ext.evaluation.pipeline",
+    "evaluate_pair": "trl_ext.evaluation.pipeline",
     "evaluate_model": "trl_ext.evaluation.pipeline",
     "load_problems": "trl_ext.evaluation.pipeline",
     "render_prompts": "trl_ext.evaluation.pipeline",
@@ -69,17 +76,22 @@ __all__ = [
     "BACKENDS",
     "CATEGORIES",
     "EvalConfig",
+    "OUTCOMES",
     "REWARD_NAMES",
     "RewardComponentsFn",
     "STOP",
     "Sample",
     "TASK_NAMES",
     "category",
+    "check_model_name",
+    "compare_records",
+    "compare_runs",
     "cut_sample",
     "cut_samples",
     "eos_token_ids",
     "evaluate",
     "evaluate_model",
+    "evaluate_pair",
     "format_report",
     "generate_transformers",
     "generate_vllm",
@@ -87,6 +99,7 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_problems",
     "parse_int_list",
+    "problem_verdicts",
     "render_prompts",
     "resolve_backend",
     "reward_name_for",

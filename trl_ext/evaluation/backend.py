@@ -1,7 +1,7 @@
 """Which generation backend `--backend auto` runs, and why.
 
 vLLM wherever it can run: its GPU build with a CUDA device, and its CPU build (what `make install` installs on a
-machine without CUDA) without one. On the CPU the engine measured 3.0x transformers' `generate` (issue 29: 40.3
+machine without CUDA) without one. On the CPU the engine measured 3.0x transformers' `generate` (40.3
 against 13.4 tokens/s, SmolLM2-135M-Instruct, 16 GSM8K problems x 4 samples, budgets 64 and 128, 2 cores).
 Otherwise transformers: no vLLM, vLLM's GPU build without CUDA, or the CPU build on a machine with a GPU (the CPU
 engine cannot use it; transformers generates on the GPU).

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TASK_NAMES = ("countdown", "gsm8k", "math")
-REWARD_NAMES = ("countdown", "countdown_seed000", "countdown_binary", "r1_zero", "question_only")
+REWARD_NAMES = ("countdown", "countdown_single_equation", "countdown_binary", "r1_zero", "question_only")
 BACKENDS = ("auto", "transformers", "vllm")
 STOP = ("</answer>",)
 
@@ -21,7 +22,7 @@ class EvalConfig:
         data_file: local `.jsonl` / `.parquet` file; None means the task's Hub dataset.
         split: Hub split (or a slice of the local file, `"test[:100]"`).
         prompt: prompt name (`r1_zero`, `question_only`, `countdown`, `intellect`, ...); None: the task's default.
-        chat: wrap the prompt in the tokenizer's chat template (instruct models); the seeds use plain text.
+        chat: wrap the prompt in the tokenizer's chat template (instruct models); the courses use plain text.
         max_tokens: one or several generation budgets (new tokens).
         temperature, top_p: sampling; temperature 0 means greedy.
         n: samples per problem.
@@ -33,8 +34,8 @@ class EvalConfig:
         batch_size: sequences per `generate` call (transformers backend).
         dtype: model dtype (`float32`, `bfloat16`) of the transformers backend and of vLLM's CPU build; for vLLM on a
             GPU, `float32` (the default) means the checkpoint's dtype.
-        reward: `countdown`, `countdown_seed000` (seed 000's verifier), `countdown_binary` (1 / 0), `r1_zero`,
-            `question_only`; None: from the task and prompt.
+        reward: `countdown`, `countdown_single_equation` (Assignment 2's verifier), `countdown_binary` (1 / 0),
+            `r1_zero`, `question_only`; None: from the task and prompt.
         ns: the N values of pass@N / Best@N (those above n are skipped).
         num_examples: examples kept per category in `summary.json`.
         stop: stop strings.
@@ -112,3 +113,15 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     if not values:
         raise ValueError(f"{name}: no value given")
     return values
+
+
+def check_model_name(name: str, option: str) -> None:
+    """Raise before anything loads when `name` can be neither a local model folder nor a hub id: a path that is not
+    a directory (absolute, `./`, `../`, `~`, or with more than one `/`), or anything but a directory while the hub is
+    offline (`HF_HUB_OFFLINE=1`). `option` names the field or flag in the message."""
+    if Path(name).expanduser().is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"{option} {name}: no such directory (and the hub is offline)")
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise ValueError(f"{option} {name}: no such directory")

@@ -2,20 +2,23 @@
 
 `evaluate_model` is the in-memory path for a model already loaded (transformers backend, no files), for callers
 such as a training loop or the demo; `evaluate` runs an `EvalConfig` end to end, picks the backend and writes
-`generations.jsonl`, `summary.json` and `pass_at_n.png` per budget.
+`generations.jsonl`, `summary.json` and `pass_at_n.png` per budget; `evaluate_pair` runs it for two models on the same
+problems with the same sampling and compares them (`trl_ext.evaluation.compare`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from trl_ext.evaluation.backend import choose_backend
-from trl_ext.evaluation.config import STOP, EvalConfig
+from trl_ext.evaluation.compare import compare_runs
+from trl_ext.evaluation.config import STOP, EvalConfig, check_model_name
 from trl_ext.evaluation.samples import cut_samples
 from trl_ext.evaluation.scoring import ground_truth_of, reward_name_for, score_samples
 from trl_ext.evaluation.summary import summarize
@@ -135,7 +138,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
     Returns:
         `{"config": ..., "generation": {...}, "results": {"<max_tokens>": summary}}`, also written to
         `<output_dir>/summary.json`; each budget gets `<output_dir>/L<max_tokens>/` with `generations.jsonl`,
-        `summary.json` and `pass_at_n.png`.
+        `summary.json` and `pass_at_n.png` (when there are two N values or more).
     """
     prompts, rows = load_problems(cfg)  # bad data fails here, before the model loads
     reward = reward_name_for(cfg.task, cfg.prompt, cfg.reward)
@@ -200,14 +203,41 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True)
     return report
 
 
+def evaluate_pair(cfg: EvalConfig, model_b: str, progress: bool = True) -> dict:
+    """Evaluate `cfg.model` (A) and `model_b` (B) on the same problems with the same sampling (every `cfg` field but
+    the model, the seed included), one after the other, and compare them.
+
+    Writes `<output_dir>/a/` and `<output_dir>/b/` (each what `evaluate` writes) and `<output_dir>/comparison.json`,
+    `comparison.jsonl`, `comparison.md` (`trl_ext.evaluation.compare.compare_runs`).
+
+    Returns:
+        `{"a": A's report, "b": B's report, "comparison": comparison.json's content}`.
+
+    Raises:
+        ValueError: a model name that can be neither a local folder nor a hub id, before anything loads.
+    """
+    check_model_name(cfg.model, "model")
+    check_model_name(model_b, "model_b")
+    out = Path(cfg.output_dir)
+    cfg_a = replace(cfg, output_dir=str(out / "a"))
+    report_a = evaluate(cfg_a, progress=progress)
+    # A's transformers model must be gone before B's loads: collect any reference cycle still holding it now, not at
+    # some later collection (a vLLM engine shuts itself down when its generation ends).
+    gc.collect()
+    # From A's settings as run: a split of `auto` is resolved by then, so B reads the same one.
+    report_b = evaluate(replace(cfg_a, model=model_b, output_dir=str(out / "b")), progress=progress)
+    return {"a": report_a, "b": report_b, "comparison": compare_runs(out / "a", out / "b", out)}
+
+
 def _write_budget(budget_dir: Path, records: list[dict], summary: dict, title: str) -> None:
-    """`generations.jsonl`, `summary.json` and (when there is a pass@N curve) `pass_at_n.png` of one budget."""
+    """`generations.jsonl`, `summary.json` and, when there is a pass@N curve (two N values or more),
+    `pass_at_n.png` of one budget."""
     budget_dir.mkdir(parents=True, exist_ok=True)
     with open(budget_dir / "generations.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     (budget_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
-    if summary["pass_at_n"]:
-        from trl_ext.plotting import plot_pass_at_n
+    if len(summary["pass_at_n"]) > 1:  # a single point (n = 1, greedy) is no curve
+        from trl_ext.reporting.plot import plot_pass_at_n
 
         plot_pass_at_n(summary, budget_dir / "pass_at_n.png", title=title)

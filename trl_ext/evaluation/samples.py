@@ -58,7 +58,7 @@ def cut_sample(
     for budget in max_tokens:
         n_tok = min(end, budget)
         text = tokenizer.decode(ids[:n_tok], skip_special_tokens=True)
-        for s in stop:  # a token may overhang the stop string; the seeds' vLLM output ends at it
+        for s in stop:  # a token may overhang the stop string; the courses' vLLM output ends at it
             if s in text:
                 text = text[: text.index(s) + len(s)]
         lps = sample.logprobs[:n_tok]

@@ -1,4 +1,4 @@
-"""Scoring cut samples with the training rewards: reward components, the seeds' outcome category, one record each."""
+"""Scoring cut samples with the training rewards: reward components, the courses' outcome category, one record each."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
     """Reward components `{"reward", "format_reward", "answer_reward"}` of one response.
 
     Args:
-        reward: a name (`countdown`, `countdown_seed000`, `countdown_binary`, `r1_zero`, `question_only`) or a
+        reward: a name (`countdown`, `countdown_single_equation`, `countdown_binary`, `r1_zero`, `question_only`) or a
             function returning the components, e.g. `functools.partial(countdown_reward_components, require_all=True)`.
         response: the cut response text.
         ground_truth: what the reward compares with (see `ground_truth_of`).
@@ -35,8 +35,8 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
         return dict(reward(response, ground_truth))
     if reward == "countdown":
         return dict(rewards.countdown_reward_components(response, ground_truth))
-    if reward == "countdown_seed000":
-        return dict(rewards.countdown_reward_components(response, ground_truth, seed000=True))
+    if reward == "countdown_single_equation":
+        return dict(rewards.countdown_reward_components(response, ground_truth, single_equation=True))
     if reward == "countdown_binary":  # the same components; the reward is the answer's 1 / 0
         components = dict(rewards.countdown_reward_components(response, ground_truth))
         return {**components, "reward": components["answer_reward"]}
@@ -46,7 +46,7 @@ def score_response(reward: str | RewardComponentsFn, response: str, ground_truth
 
 
 def category(components: dict[str, float]) -> str:
-    """The seeds' outcome category of one scored response."""
+    """The courses' outcome category of one scored response."""
     if components["format_reward"] < 1:
         return "format0"
     return "format1_answer1" if components["answer_reward"] >= 1 else "format1_answer0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trl_ext.evaluation.passk import best_at_n_curve, pass_at_n_curve
 from trl_ext.evaluation.scoring import CATEGORIES
 
 
@@ -12,8 +13,6 @@ def summarize(records: list[dict], n: int, ns: tuple[int, ...] = (1, 4, 8, 16), 
         accuracy (mean answer reward), mean_reward, format_rate, the three categories with count / fraction /
         examples, pass_at_n and best_at_n (`{N: value}` for N <= n), mean response tokens, finish reasons.
     """
-    from trl_ext.passk import best_at_n_curve, pass_at_n_curve
-
     if not records or len(records) % n:
         raise ValueError(f"{len(records)} records is not a positive multiple of n={n}")
     total = len(records)

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trl_ext.evaluation.samples import Sample
-from trl_ext.vllm_cpu import sampler_engine_kwargs
+from trl_ext.grpo.vllm.cpu_sampler import sampler_engine_kwargs
 
 if TYPE_CHECKING:
     from trl_ext.evaluation.config import EvalConfig
@@ -23,7 +23,7 @@ CPU_KV_CACHE_BYTES = 256 * 2**20
 def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     """The `vllm.SamplingParams(**kwargs)` the vLLM backend builds (pure, testable without vLLM).
 
-    As the seeds: stop at `</answer>` with the stop string kept in the output. `logprobs=0` returns the sampled
+    As the courses do: stop at `</answer>` with the stop string kept in the output. `logprobs=0` returns the sampled
     token's log-prob at each position (vLLM's default `raw_logprobs` mode: before temperature / top-p).
     """
     return {
@@ -49,13 +49,13 @@ def vllm_engine_kwargs(cfg: EvalConfig, max_model_len: int | None = None, cpu: b
             transformers backend, so the two agree token for token; vLLM would turn a float32 checkpoint into
             bfloat16 under `auto`), the KV cache gets an explicit size (`CPU_KV_CACHE_BYTES`, or
             VLLM_CPU_KVCACHE_SPACE), the model runs eagerly (no torch.compile at start) and the sampler with
-            `trl_ext.vllm_cpu`'s fix. On a GPU the float32
+            `trl_ext.grpo.vllm.cpu_sampler`'s fix. On a GPU the float32
             default means the checkpoint's dtype (`auto`); any other dtype is passed on.
     """
     kwargs: dict[str, Any] = {"model": cfg.model, "seed": cfg.seed}
     if cpu:
         kwargs.update(dtype=cfg.dtype, enforce_eager=True)
-        kwargs.update(sampler_engine_kwargs())  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
+        kwargs.update(sampler_engine_kwargs())  # vLLM's compiled CPU sampler skips tokens on AVX2 (cpu_sampler)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     else:
@@ -78,7 +78,13 @@ def generate_vllm(cfg: EvalConfig, prompts: list[str], tokenizer) -> list[list[S
     max_model_len = max(len(ids) for ids in prompt_ids) + max(cfg.max_tokens)
     llm = LLM(**vllm_engine_kwargs(cfg, max_model_len, cpu=current_platform.is_cpu()))
     requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    outputs = llm.generate(requests, SamplingParams(**vllm_sampling_kwargs(cfg)))
+    try:
+        outputs = llm.generate(requests, SamplingParams(**vllm_sampling_kwargs(cfg)))
+    finally:
+        # The engine (its process and, on a GPU, the memory it reserved) ends here, not whenever `llm` is collected:
+        # a second engine in this process (`trl-ext eval --compare`) was seen starting beside the first one, still
+        # alive until the interpreter exited.
+        llm.llm_engine.engine_core.shutdown()
     result = []
     for request in outputs:
         samples = []

@@ -3,7 +3,7 @@ SFT loss of a micro-batch (pure tensor code, no trainer).
 
 The SFT loss of one optimizer step is the token mean of the negative log-likelihood over every kept completion token
 of the step, `-sum_{b,t} m_bt logp_bt / sum_{b,t} m_bt`, as TRL's `SFTTrainer` (and so the SFT recipes) computes
-it; each micro-batch contributes its share through the seeds' `sft_microbatch_train_step` with
+it; each micro-batch contributes its share through the courses' `sft_microbatch_train_step` with
 `normalize_constant = tokens_in_step / (rows_in_micro_batch * micro_batches_in_step)`.
 """
 

@@ -1,11 +1,11 @@
 """Validation accuracy during SFT: at every evaluation of TRL's `SFTTrainer`, generate answers to held-out problems
-with the current weights and score them with the reward, as seed 001 asks ("validation accuracy curves").
+with the current weights and score them with the reward, as NYU Assignment 3 asks ("validation accuracy curves").
 
 `ValidatingSFTTrainer` is `trl.SFTTrainer` plus three things:
 
 1. `evaluate()` runs TRL's (the loss on the validation traces, when there are any), then `measure_accuracy()`:
    the problems' prompts (`trl_ext.tasks`, rendered as `trl-ext eval` renders them) -> completions from the current
-   weights (`transformers` `generate`, or vLLM through TRL's own `VLLMGeneration`: an engine colocated on the
+   weights (`transformers` `generate`, or vLLM through the trainers' `TrlExtVLLMGeneration`: an engine colocated on the
    training GPU or a `trl vllm-serve` server, the weights pushed before each measurement) -> cut at the stop string /
    EOS / the budget -> reward components (`trl_ext.evaluation.scoring`, the training rewards) -> one log entry with
    the GRPO recipes' names: `eval_rewards/<reward>_reward/answer_reward` (accuracy), `.../format_reward`,
@@ -14,7 +14,7 @@ with the current weights and score them with the reward, as seed 001 asks ("vali
 2. `step_time` in each training log entry (mean seconds per optimizer step since the previous log, measured
    between `on_step_begin` and `on_step_end`), as TRL's GRPO logs it, so `trl-ext plot` rebuilds wall-clock time.
 3. `train_loss_drop` in the training metrics (`train_results.json`): `1 - mean(last) / mean(first)` over the first
-   and last tenth of the logged training losses, the number seed 001's tuning target (~40%) is about.
+   and last tenth of the logged training losses, the number NYU Assignment 3's tuning target (~40%) is about.
 
 `trl-ext plot runs/sft/size_*` then draws accuracy and loss curves per dataset size.
 """
@@ -22,7 +22,6 @@ with the current weights and score them with the reward, as seed 001 asks ("vali
 from __future__ import annotations
 
 import time
-import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +32,6 @@ from trl import SFTTrainer
 from trl_ext.evaluation import EvalConfig, cut_samples, eos_token_ids, render_prompts, score_samples, summarize
 from trl_ext.evaluation.samples import Sample
 from trl_ext.evaluation.transformers_backend import generate_transformers
-from trl_ext.grpo.weight_sync.client import server_weight_sync
-from trl_ext.grpo.weight_sync.colocate import sync_weights_cpu
-from trl_ext.grpo.weight_sync.watchdog import install_server_watchdog
-from trl_ext.vllm_cpu import fix_engine_sampler
 
 VLLM_MODES = ("colocate", "server")
 # TRL's `VLLMGeneration` defaults for the server's address and weight-sync port.
@@ -139,9 +134,9 @@ class ValidatingSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, accuracy: ValidationAccuracy | None = None, **kwargs):
         training_args = kwargs.get("args")
-        # Accuracy alone (no validation loss set, as seed 001's course runs it): HF's Trainer refuses evaluations
-        # without an eval_dataset at construction, though `evaluate` below needs none; it reads the strategy
-        # again only in the training loop.
+        # Accuracy alone (no validation loss set, as NYU Assignment 3's course runs it): HF's Trainer refuses
+        # evaluations without an eval_dataset at construction, though `evaluate` below needs none; it reads the
+        # strategy again only in the training loop.
         accuracy_only = accuracy is not None and kwargs.get("eval_dataset") is None and training_args is not None
         strategy = training_args.eval_strategy if accuracy_only else None
         if accuracy_only:
@@ -224,7 +219,7 @@ class ValidatingSFTTrainer(SFTTrainer):
             tokenizer.padding_side = side
 
     def _generate_vllm(self, texts: list[str]) -> list[list[Sample]]:
-        """Completions from TRL's `VLLMGeneration` (built on first use) with the measurement's sampling, after
+        """Completions from the vLLM generation (built on first use) with the measurement's sampling, after
         pushing the current weights."""
         cfg = self.accuracy.config
         generation = self.vllm_generation or self._build_vllm_generation()
@@ -240,43 +235,34 @@ class ValidatingSFTTrainer(SFTTrainer):
         return [flat[i : i + cfg.n] for i in range(0, len(flat), cfg.n)]
 
     def _build_vllm_generation(self):
-        """TRL's `VLLMGeneration` colocated on this GPU or connected to a server; on vLLM's CPU backend with the
-        colocated weight sync of `trl_ext.grpo.weight_sync.colocate` and the sampler fix of `trl_ext.vllm_cpu`, and a
-        server synced over gloo from a trainer without CUDA (`trl_ext.grpo.weight_sync.client`)."""
-        from trl.generation.vllm_generation import VLLMGeneration
+        """The GRPO trainer's vLLM generation (`trl_ext.grpo.vllm.TrlExtVLLMGeneration`: TRL's, with the colocated
+        CPU engine's weight sync and sampler, the gloo weight sync to a server from a trainer without CUDA, and the
+        watchdog), colocated on this GPU or connected to a server, tied to this trainer's steps as the trainers'
+        are (`install_generation`)."""
+        from trl_ext.grpo.vllm.generation import TrlExtVLLMGeneration, install_generation  # imports vLLM
 
         acc, cfg = self.accuracy, self.accuracy.config
         texts = render_prompts(acc.prompts, self.processing_class, cfg.chat_template_kwargs)
         longest = max(len(self.processing_class(t, add_special_tokens=False)["input_ids"]) for t in texts)
-        server = types.SimpleNamespace(use_vllm=True, vllm_mode=acc.vllm_mode, use_cpu=self.args.use_cpu)
-        with server_weight_sync(server):  # server mode without CUDA: the gloo weight sync GRPO uses
-            generation = VLLMGeneration(
-                model=self.model,
-                accelerator=self.accelerator,
-                processing_class=self.processing_class,
-                mode=acc.vllm_mode,
-                gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
-                max_model_length=longest + cfg.max_tokens[0],
-                server_host=acc.vllm_server_host,
-                server_port=acc.vllm_server_port,
-                group_port=acc.vllm_group_port,
-            )
-        if acc.vllm_mode == "colocate":
-            from vllm.platforms import current_platform
-
-            if current_platform.is_cpu():  # TRL's per-parameter sync fails on the CPU engine (weight_sync.colocate)
-                generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
-                fix_engine_sampler(generation.llm)  # vLLM's compiled CPU sampler skips tokens on AVX2 (vllm_cpu)
-        # Server mode: a stalled sync or request stops the run, saying where (trl_ext.grpo.weight_sync.watchdog).
-        install_server_watchdog(generation, generation.server_timeout, lambda: self.state.global_step)
-        self.vllm_generation = generation
-        return generation
+        self.vllm_generation = TrlExtVLLMGeneration(
+            model=self.model,
+            accelerator=self.accelerator,
+            processing_class=self.processing_class,
+            mode=acc.vllm_mode,
+            gpu_memory_utilization=acc.vllm_gpu_memory_utilization,
+            max_model_length=longest + cfg.max_tokens[0],
+            server_host=acc.vllm_server_host,
+            server_port=acc.vllm_server_port,
+            group_port=acc.vllm_group_port,
+        )
+        install_generation(self)
+        return self.vllm_generation
 
 
 def set_vllm_sampling(generation, cfg: EvalConfig) -> None:
     """Give TRL's `VLLMGeneration` the sampling of `cfg` (it reads these attributes at every `generate`): budget,
-    temperature (0: greedy), top-p, the sampled token's log-prob, and the stop strings kept in the text, as the seeds'
-    vLLM call. No per-request seed: the n copies of a prompt would all draw the same sample."""
+    temperature (0: greedy), top-p, the sampled token's log-prob, and the stop strings kept in the text, as the
+    courses' vLLM call. No per-request seed: the n copies of a prompt would all draw the same sample."""
     generation.temperature = cfg.temperature
     generation.top_p = cfg.top_p
     generation.top_k = 0

@@ -15,10 +15,11 @@ sync and reward functions as a GRPO run of the same settings, and the same logge
 ...), so `trl-ext plot` overlays EI and GRPO runs. The SFT half is a plain loop, because its number of optimizer
 steps depends on how many completions are kept (TRL's GRPO loop takes a fixed number per rollout batch).
 
-Overrides exactly: `__init__` (one training process; the CPU vLLM weight sync), `_calculate_rewards` (keeps the
-gathered rewards), `_generate_and_score_completions` (adds `ei_keep`, the kept mask, and shows it as the
-"advantage" of the completions table), `_compute_loss` (evaluation only: SFT loss of the kept eval completions and
-TRL's `entropy` metric), `log` (tags every entry with `ei_step`) and `train` (the loop above).
+Overrides exactly: `__init__` (one training process; TRL's `__init__` inside `vllm_generation_class()`, then
+`install_generation`, as the GRPO trainer: the same vLLM generation, weight syncs and watchdog, `trl_ext.grpo.vllm`),
+`_calculate_rewards` (keeps the gathered rewards), `_generate_and_score_completions` (adds `ei_keep`, the kept mask,
+and shows it as the "advantage" of the completions table), `_compute_loss` (evaluation only: SFT loss of the kept
+eval completions and TRL's `entropy` metric), `log` (tags every entry with `ei_step`) and `train` (the loop above).
 
 Logged every `logging_steps` SFT optimizer steps (means over them): `loss` (token-mean NLL of a step's kept
 completions), `grad_norm` (before clipping; the last step's), `learning_rate`, `entropy` (mean token entropy over a
@@ -38,9 +39,7 @@ from trl import GRPOTrainer
 from trl_ext.expert_iteration.config import ExpertIterationConfig, every_n_ei_steps
 from trl_ext.expert_iteration.sft import QuestionSampler, kept_mask, sft_batches, sft_micro_step
 from trl_ext.grpo.rows import ROW_ENTRIES, loss_mask, pad_and_concat, trim_padding
-from trl_ext.grpo.weight_sync.client import server_weight_sync
-from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
-from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
+from trl_ext.grpo.vllm.generation import install_generation, vllm_generation_class
 
 # The per-completion entries the SFT forward reads (TRL's batch layout).
 SFT_ENTRIES = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")
@@ -61,15 +60,14 @@ class ExpertIterationTrainer(GRPOTrainer):
         self._ei_step = 0
         self._unlogged_losses: list[float] = []
         self._last_grad_norm = 0.0
-        with server_weight_sync(args):  # server mode without CUDA: the gloo weight sync GRPO uses
+        with vllm_generation_class():  # TRL builds its vLLM generation as GRPO's (trl_ext.grpo.vllm)
             super().__init__(model, reward_funcs, args=args, **kwargs)
         if self.accelerator.num_processes != 1:
             raise ValueError(
                 f"expert iteration trains on one process; this run has {self.accelerator.num_processes} (launch one "
                 "training process; the vLLM server may use other GPUs)"
             )
-        install_colocate_weight_sync(self)  # TRL's colocated weight sync fails on vLLM's CPU backend
-        install_trainer_watchdog(self)  # server mode: a stalled sync or request stops the run, saying where
+        install_generation(self)  # as GRPO's: the watchdog of a server's syncs and requests names this trainer's step
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

@@ -1,4 +1,4 @@
-"""Resolve `AblationGRPOConfig`'s objective axes from the fields a user set: ours, the seeds' presets, TRL's names.
+"""Resolve `AblationGRPOConfig`'s objective axes from the fields a user set: ours, the courses' presets, TRL's names.
 
 Pure: the config's values in, the resolved values and warnings out (`AblationGRPOConfig.__post_init__` applies them).
 "Unset" is `None` (every field read here defaults to `None`), so an explicit value is never mistaken for a default.
@@ -11,8 +11,8 @@ Pure: the config's values in, the resolved values and warnings out (`AblationGRP
    the loss comes from TRL's `loss_type` (no `pg_loss_type` given), a TRL field that TRL itself would ignore
    (`epsilon` under `sapo`, say) is a warning, because `trl.GRPOConfig` accepts it.
 
-The seeds' `pg_loss_type` names are presets: `no_baseline` = raw advantages + `reinforce`, `reinforce_with_baseline` =
-a baselined advantage + `reinforce`; `grpo_clip` / `grpo_no_clip` are loss names themselves. `use_std_normalization`
+The courses' `pg_loss_type` names are presets: `no_baseline` = raw advantages + `reinforce`, `reinforce_with_baseline`
+= a baselined advantage + `reinforce`; `grpo_clip` / `grpo_no_clip` are loss names themselves. `use_std_normalization`
 chooses between `group_mean_std` and `group_mean`.
 """
 
@@ -42,7 +42,7 @@ TRL_LOSS_TYPES = {
 }
 TRL_SCALE_REWARDS = {"group": "group_mean_std", "none": "group_mean", "batch": "batch_std"}
 SCALE_REWARDS_ALIASES = {True: "group", False: "none", "true": "group", "false": "none"}
-# The seeds' pg_loss_type presets: the loss they train and the advantage they imply ("baseline": any but raw).
+# The courses' pg_loss_type presets: the loss they train and the advantage they imply ("baseline": any but raw).
 PG_LOSS_PRESETS = {"no_baseline": ("reinforce", "raw"), "reinforce_with_baseline": ("reinforce", "baseline")}
 PG_LOSS_CHOICES: tuple[str, ...] = (*PG_LOSS_PRESETS, *PG_LOSS_TYPES)
 TRL_DEFAULT_LOSS_TYPE, TRL_ADVANTAGE_EPS, TRL_EPSILON = "dapo", 1e-4, 0.2
@@ -120,7 +120,7 @@ def _check_choice(name: str, value: object, choices) -> None:
 
 
 def _resolve_advantage(cfg, preset: str | None, scale: str | None) -> str | None:
-    """The advantage estimator from `advantage_type`, the seeds' preset, `use_std_normalization`, `scale_rewards`."""
+    """The advantage estimator from `advantage_type`, the courses' preset, `use_std_normalization`, `scale_rewards`."""
     chosen, std = cfg.advantage_type, cfg.use_std_normalization
     from_std = None if std is None else ("group_mean_std" if std else "group_mean")
     from_scale = None if scale is None else TRL_SCALE_REWARDS[scale]

@@ -1,7 +1,7 @@
-"""`AblationGRPOConfig`: TRL's `GRPOConfig` plus the three objective axes and the seeds' batch vocabulary.
+"""`AblationGRPOConfig`: TRL's `GRPOConfig` plus the three objective axes and the courses' batch vocabulary.
 
 The axes, each resolved through its registry in `trl_ext.objectives` (so the choices cannot drift from the code):
-`advantage_type`, `pg_loss_type`, `length_normalization`, with `advantage_eps` and `normalize_constant`. The seeds'
+`advantage_type`, `pg_loss_type`, `length_normalization`, with `advantage_eps` and `normalize_constant`. The courses'
 names (`pg_loss_type` `no_baseline` / `reinforce_with_baseline`, `use_std_normalization`) are presets onto them and
 TRL's `loss_type` / `scale_rewards` are another spelling of the same choices. Every field read by the resolution
 defaults to `None` (really unset); `trl_ext.grpo.axes` documents the rules: explicit fields win, two that disagree
@@ -10,7 +10,7 @@ are an error naming both, a field the combination ignores is an error, and with 
 the axis fields hold the resolved names, and `loss_type` / `scale_rewards` TRL's names for them (None where TRL has
 none).
 
-Seed batch vocabulary -> TRL (world size W: `$WORLD_SIZE`, set by `torchrun` / `accelerate launch`, else 1;
+The courses' batch vocabulary -> TRL (world size W: `$WORLD_SIZE`, set by `torchrun` / `accelerate launch`, else 1;
 the trainer re-checks it against `accelerator.num_processes`):
 
     group_size                -> num_generations
@@ -21,8 +21,6 @@ the trainer re-checks it against `accelerator.num_processes`):
 
 from __future__ import annotations
 
-import importlib
-import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -44,55 +42,20 @@ from trl_ext.preflight.environment import world_size_from_env as _world_size
 from trl_ext.preflight.trl_defaults import trl_default
 
 
-def join_deepspeed_comm() -> None:
-    """Points DeepSpeed's communication layer at the process group the arguments just set up, under an accelerate
-    DeepSpeed config on CPU processes (`accelerate_configs/cpu_zero2.yaml` / `cpu_zero3.yaml`).
-
-    There accelerate's `PartialState(cpu=True)` (what `TrainingArguments` builds whenever `use_cpu` or
-    `ACCELERATE_USE_CPU` is set) initialises `torch.distributed` itself and skips `deepspeed.comm.init_distributed`,
-    which it calls on GPUs. Until the first `deepspeed.initialize`, every `DeepSpeedConfig` then reads a world size
-    of 1 (its `dist.get_world_size()` fails and falls back): ZeRO-3's `zero.Init` in a `from_pretrained` (TRL's
-    reference model, any model loaded after the trainer is built) checks the `train_batch_size` transformers filled
-    for all processes against one, and DeepSpeed's batch assertion stops the run (`train_batch_size 16 != 8 * 1 *
-    1`). A no-op on GPUs, without DeepSpeed or outside a launch.
-
-    DeepSpeed's CPU backend would also JIT-compile its shared-memory all-reduce (`deepspeed_shm_comm`, two C++ files:
-    1.5 to 3 minutes of g++ on a 2-core CPU, again for every new environment) as its communication layer starts. Only
-    `deepspeed.comm.inference_all_reduce` (DeepSpeed inference's tensor parallelism) uses it, and that falls back to
-    the process group's `all_reduce` without it; ZeRO training's collectives are torch.distributed's, over gloo. So
-    the layer starts here without it.
-    """
-    import torch.distributed
-
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true" or not torch.distributed.is_initialized():
-        return
-    from deepspeed import comm
-
-    if comm.is_initialized():
-        return
-    backend = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
-    build_shm_op = backend.build_shm_op
-    backend.build_shm_op = lambda: None
-    try:
-        comm.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
-    finally:
-        backend.build_shm_op = build_shm_op
-
-
 @dataclass
 class AblationGRPOConfig(GRPOConfig):
-    r"""`trl.GRPOConfig` plus the objective axes and the seeds' batch vocabulary (module docstring: the mapping).
+    r"""`trl.GRPOConfig` plus the objective axes and the courses' batch vocabulary (module docstring: the mapping).
 
     Parameters:
         advantage_type: advantage estimator, one of `trl_ext.objectives.ADVANTAGE_TYPES`.
-        pg_loss_type: per-token loss, one of `trl_ext.objectives.PG_LOSS_TYPES` or a seeds' preset.
+        pg_loss_type: per-token loss, one of `trl_ext.objectives.PG_LOSS_TYPES` or a courses' preset.
         length_normalization: reduction, one of `trl_ext.objectives.LENGTH_NORMALIZATIONS`.
-        use_std_normalization: the seeds' switch: `group_mean_std` (True) or `group_mean` (False).
-        advantage_eps: the eps of the estimators that divide by a std (TRL hard-codes 1e-4; the seeds use 1e-6).
+        use_std_normalization: the courses' switch: `group_mean_std` (True) or `group_mean` (False).
+        advantage_eps: the eps of the estimators that divide by a std (TRL hard-codes 1e-4; the courses use 1e-6).
         normalize_constant: divisor of `masked_normalize` (default: `max_completion_length`).
         loss_type, scale_rewards, epsilon, importance_sampling_level: TRL's fields, redeclared with default None
             ("unset"); resolved as `trl.GRPOConfig` would when no axis field says otherwise.
-        group_size, rollout_batch_size, train_batch_size, epochs_per_rollout_batch: the seeds' batch vocabulary,
+        group_size, rollout_batch_size, train_batch_size, epochs_per_rollout_batch: the courses' batch vocabulary,
             optional, mapped onto TRL's fields.
         skip_zero_advantage_completions: leave completions with advantage exactly 0 out of the loss's forward and
             backward (same loss and gradient, less compute; see `AblationGRPOTrainer`).
@@ -100,7 +63,7 @@ class AblationGRPOConfig(GRPOConfig):
             (policy, old policy, reference); same loss and gradients (see `trl_ext.grpo.packing`).
 
     `train_batch_size` replaces HF's read-only `TrainingArguments.train_batch_size` property (per-device batch x
-    n_gpu) on this class: here it is the seeds' completions per optimizer step; `AblationGRPOTrainer` resets
+    n_gpu) on this class: here it is the courses' completions per optimizer step; `AblationGRPOTrainer` resets
     Trainer's per-device `_train_batch_size` accordingly.
     """
 
@@ -115,7 +78,7 @@ class AblationGRPOConfig(GRPOConfig):
     pg_loss_type: str | None = field(
         default=None,
         metadata={
-            "help": f"Per-token policy-gradient loss. One of: {', '.join(PG_LOSS_CHOICES)}. The seeds' no_baseline "
+            "help": f"Per-token policy-gradient loss. One of: {', '.join(PG_LOSS_CHOICES)}. The courses' no_baseline "
             "(raw rewards) and reinforce_with_baseline are presets of the 'reinforce' loss (-A logp). Unset: from "
             "loss_type (TRL's default 'dapo' = grpo_clip).",
             "choices": list(PG_LOSS_CHOICES),
@@ -134,7 +97,7 @@ class AblationGRPOConfig(GRPOConfig):
     use_std_normalization: bool | None = field(
         default=None,
         metadata={
-            "help": "The seeds' switch: divide the group mean-centred rewards by the group std + advantage_eps "
+            "help": "The courses' switch: divide the group mean-centred rewards by the group std + advantage_eps "
             "(advantage_type group_mean_std) or not (group_mean)."
         },
     )
@@ -142,7 +105,7 @@ class AblationGRPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Epsilon of the estimators that divide by a std: A = (r - mean) / (std + advantage_eps). "
-            "Unset: TRL's 1e-4 (the seeds use 1e-6)."
+            "Unset: TRL's 1e-4 (the courses use 1e-6)."
         },
     )
     normalize_constant: float | None = field(
@@ -177,22 +140,24 @@ class AblationGRPOConfig(GRPOConfig):
     )
     group_size: int | None = field(
         default=None,
-        metadata={"help": "Seed name for completions per prompt; sets num_generations."},
+        metadata={"help": "The courses' name for completions per prompt; sets num_generations."},
     )
     rollout_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Seed name for completions per rollout (generation) batch; sets generation_batch_size."},
+        metadata={
+            "help": "The courses' name for completions per rollout (generation) batch; sets generation_batch_size."
+        },
     )
     train_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "Seed name for completions per optimizer step; sets per_device_train_batch_size = "
+            "help": "The courses' name for completions per optimizer step; sets per_device_train_batch_size = "
             "train_batch_size / (gradient_accumulation_steps * world_size)."
         },
     )
     epochs_per_rollout_batch: int | None = field(
         default=None,
-        metadata={"help": "Seed name for passes over each rollout batch; sets num_iterations."},
+        metadata={"help": "The courses' name for passes over each rollout batch; sets num_iterations."},
     )
     skip_zero_advantage_completions: bool = field(
         default=False,
@@ -268,7 +233,6 @@ class AblationGRPOConfig(GRPOConfig):
         self._map_seed_batch_fields()
         # GRPOConfig.__post_init__ derives generation_batch_size / steps_per_generation from the fields set above.
         super().__post_init__()
-        join_deepspeed_comm()
         check_off_policy(self)
         check_skip_zero_advantage(self)
         self._check_vespo_sampler_correction()
@@ -315,7 +279,7 @@ class AblationGRPOConfig(GRPOConfig):
             )
 
     def _set_trl(self, seed_name: str, trl_name: str, value: int):
-        """Set TRL field `trl_name` from seed field `seed_name`, unless the user set it to something else."""
+        """Set TRL field `trl_name` from the courses' field `seed_name`, unless the user set it to something else."""
         current = getattr(self, trl_name)
         if current != trl_default(trl_name) and current != value:
             raise ValueError(
@@ -328,7 +292,7 @@ class AblationGRPOConfig(GRPOConfig):
         seed = ("group_size", "rollout_batch_size", "train_batch_size", "epochs_per_rollout_batch")
         if all(getattr(self, name) is None for name in seed):
             return
-        # The seeds' sanity checks (CS336 A5 `train_loop`) and TRL's split, in the preflight's one arithmetic; a
+        # The courses' sanity checks (CS336 A5 `train_loop`) and TRL's split, in the preflight's one arithmetic; a
         # per-device batch at TRL's default counts as unset, so train_batch_size derives it.
         trl = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations")
         values = {name: getattr(self, name) for name in (*seed, *trl, "generation_batch_size", "steps_per_generation")}

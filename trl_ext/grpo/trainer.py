@@ -13,10 +13,11 @@ With the TRL-named combinations (every `loss_type` x `scale_rewards`) this is TR
 equivalence tests compare loss and gradients with stock `GRPOTrainer` on the same batch.
 
 The way through, top to bottom: `AblationGRPOTrainer.__init__` (the checks made before TRL loads the model, TRL's
-`__init__`, then `_install_behaviours`, which lists every behaviour of the generation side in the order it is
-installed and where it is wired), then `_generate_and_score_completions` (one generation batch: dynamic sampling,
-TRL's generation and scoring, the async version tags, the finished-completion mask, the advantages, in that order),
-then `_compute_loss` (the loss side).
+`__init__` with its vLLM generation built as `trl_ext.grpo.vllm.TrlExtVLLMGeneration`, then `_install_behaviours`,
+which lists in order what this trainer changes and where), then `_generate_and_score_completions` (one generation
+batch: dynamic sampling, TRL's generation and scoring, the values TRL logged that this trainer decides, the async
+version tags, the finished-completion mask, then the advantages from the gathered rewards, in that order), then
+`_compute_loss` (the loss side).
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_ext.grpo.config import AblationGRPOConfig
+from trl_ext.grpo.deepspeed_comm import join_deepspeed_comm
 from trl_ext.grpo.fused_head import compact_lm_head
 from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
 from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_trainer_inputs
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
-from trl_ext.grpo.weight_sync.client import server_weight_sync
-from trl_ext.grpo.weight_sync.colocate import install_colocate_weight_sync
-from trl_ext.grpo.weight_sync.watchdog import install_trainer_watchdog
+from trl_ext.grpo.vllm.generation import install_generation, vllm_generation_class
 from trl_ext.objectives import (
     REDUCTIONS,
     adaptive_entropy_coef,
@@ -58,34 +58,48 @@ _LOSS_FIELDS = (
 )
 
 
+# The values TRL logs for a generation batch that this trainer decides instead, and where its value comes from.
+# `AblationGRPOTrainer._log_over_trl` is the one place that writes them, over TRL's entry of the same generation call.
+TRL_LOGGED_VALUES = {
+    "completions/clipped_ratio": "completions not finished (vLLM's finish reason, else EOS / pad / a stop string)",
+    "completions/mean_terminated_length": "mean length of the finished completions (same rule)",
+    "completions/min_terminated_length": "shortest finished completion (same rule)",
+    "completions/max_terminated_length": "longest finished completion (same rule)",
+    "advantages": "the completions table's advantage: objectives.compute_advantages of the gathered rewards",
+}
+
+
 class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, GRPOTrainer):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     The MRO: `AblationGRPOTrainer -> DynamicSamplingMixin -> FinishedCompletionsMixin -> AsyncRolloutsMixin ->
-    GRPOTrainer`. Each TRL method is changed in one class only (tests/test_trl_internals.py checks), so no wrapper
-    order follows from the MRO: the order of the behaviours is written out in `_install_behaviours` and
-    `_generate_and_score_completions`.
+    GRPOTrainer`. Each TRL method is changed in one class only (tests/test_trl_internals.py checks), so no order
+    follows from the MRO: what the trainer changes, in order, is written out in `_install_behaviours` (and, per
+    generation batch, `_generate_and_score_completions`). TRL's vLLM generation and client are ours by subclassing
+    (`trl_ext.grpo.vllm`: `TrlExtVLLMGeneration`, `TrlExtVLLMClient`; their docstrings list their overrides).
 
-    - this class: `__init__`, `_generate_and_score_completions`, `_get_per_token_logps_and_entropies`,
-      `_compute_loss`;
-    - `trl_ext.grpo.rollouts.dynamic_sampling.DynamicSamplingMixin`: `_calculate_rewards` (keeps the gathered
-      rewards);
-    - `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin`: `_generate` (the clipped-ratio and terminated-length
-      metrics by vLLM's finish reasons or the stop strings);
+    - this class: `__init__`, `_calculate_rewards`, `_generate_and_score_completions`,
+      `_get_per_token_logps_and_entropies`, `_compute_loss`;
+    - `trl_ext.grpo.rollouts.dynamic_sampling.DynamicSamplingMixin`: none (the batch built from several of TRL's);
+    - `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin`: `_generate` (which completions finished, by vLLM's
+      finish reasons or the stop strings);
     - `trl_ext.grpo.rollouts.async_rollouts.AsyncRolloutsMixin`: `train`, `get_batch_samples`, `_prepare_inputs`,
       `_generate_single_turn` (the next generation batch requested ahead).
 
     This class's overrides:
 
     - `__init__`: `args` defaults to `AblationGRPOConfig` (a plain `GRPOConfig` is refused); the inputs dynamic
-      sampling and async rollouts cannot use are refused before TRL loads the model; `_install_behaviours` after
-      TRL's; `train_batch_size` is checked against `accelerator.num_processes` (the config could only read
-      `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the seed field `train_batch_size` shadows
-      HF's property of that name.
+      sampling and async rollouts cannot use are refused before TRL loads the model; DeepSpeed's communication layer
+      joined (`trl_ext.grpo.deepspeed_comm`); TRL's `__init__` inside `vllm_generation_class()`;
+      `_install_behaviours` after it; `train_batch_size` is checked against `accelerator.num_processes` (the config
+      could only read `$WORLD_SIZE`); HF's per-device `_train_batch_size` is reset, since the courses'
+      field `train_batch_size` shadows HF's property of that name.
+    - `_calculate_rewards`: TRL's; keeps the gathered rewards of the generation batch for `_score_generation_batch`
+      (TRL computes its own advantages from them inline; this trainer's replace them).
     - `_generate_and_score_completions`: one generation batch (TRL's, or with `dynamic_sampling` several of TRL's,
-      the varied groups kept), each scored by `_score_generation_batch`; then replaces `output["advantages"]` with
-      `objectives.compute_advantages` of the gathered rewards (and completion lengths), sliced for this process as
-      TRL slices, and the advantages TRL just appended to the completions table; logs `advantages/mean|std`.
+      the varied groups kept), each scored by `_score_generation_batch`; then `output["advantages"]` is
+      `compute_advantages` of the batch's gathered rewards (and completion lengths), sliced for this process as TRL
+      slices, in place of TRL's formula; logs `advantages/mean|std`.
     - `_compute_loss`: TRL's log-prob / entropy forward (`_get_per_token_logps_and_entropies`), TRL's entropy mask
       (`get_high_entropy_mask`) and off-policy mask (`get_off_policy_mask`), then `objectives.policy_objective`
       and the registered reduction; TRL's entropy bonus (with its adaptive coefficient) and MoE aux loss. With
@@ -101,10 +115,14 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
       `padding_free` for a processor (multimodal) or a model whose packed rows could attend to each other (a model
       type off the allow-list, prompt-learning PEFT, another attention: `trl_ext.grpo.packing.packing_problem`).
 
-    Not logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
+    The values TRL logs that this trainer decides (`TRL_LOGGED_VALUES`) are written by `_log_over_trl` only. Not
+    logged (TRL logs them for its clipped losses): `clip_ratio/low_min` and `clip_ratio/high_max`.
     """
 
     _tag_names = ["trl", "grpo", "trl_ext"]
+    _scored_rewards: torch.Tensor | None = None  # (N_global, n_funcs): TRL's last `_calculate_rewards`
+    _gathered_rewards: torch.Tensor | None = None  # (N_global, n_funcs): the last batch's, its advantages' source
+    _truncation_masked_here = False  # mask_truncated_completions applied here, not by TRL (decided in __init__)
 
     def __init__(self, model, reward_funcs=None, args: AblationGRPOConfig | None = None, **kwargs):
         if args is None:
@@ -120,7 +138,8 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
             check_train_dataset(kwargs.get("train_dataset"))  # extra prompts are drawn by index
         if args.async_rollouts:
             check_trainer_inputs(kwargs)  # the request sent ahead is a replayed single-turn request
-        with server_weight_sync(args):  # server mode without CUDA: a gloo weight sync where TRL's needs NCCL
+        join_deepspeed_comm()  # before TRL's `__init__` loads a model under ZeRO-3 (`zero.Init` reads its world size)
+        with vllm_generation_class():  # TRL builds its vLLM generation as TrlExtVLLMGeneration
             super().__init__(model, reward_funcs, args=args, **kwargs)
         self._install_behaviours()
         if args.padding_free:
@@ -130,7 +149,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         # TRL still computes (and we then replace) its own advantages; it needs one of its scale_rewards names,
         # and "none" keeps its `frac_reward_zero_std` metric per group for the estimators TRL has no name for.
         self.scale_rewards = args.scale_rewards or "none"
-        # The seeds' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
+        # The courses' `train_batch_size` field shadows HF's `TrainingArguments.train_batch_size` property
         # (per-device batch * n_gpu), which Trainer copied into `_train_batch_size` to size the dataloader.
         self._train_batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
         world, ga = self.accelerator.num_processes, args.gradient_accumulation_steps
@@ -139,33 +158,30 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
             raise batch_error(problem)
 
     def _install_behaviours(self) -> None:
-        """The generation side's behaviours, installed on what TRL's `__init__` built, in this order.
+        """What this trainer changes on the objects TRL's `__init__` built, in this order.
 
-        0. server-mode weight sync without CUDA (`weight_sync.client.server_weight_sync`, already done: it must act
-           while TRL's `__init__` builds its client): TRL's `VLLMGeneration` built `GlooVLLMClient`, TRL's client
-           with a gloo sender, instead of TRL's NCCL-only `VLLMClient`;
-        1. colocated weight sync on vLLM's CPU backend (`weight_sync.colocate`): replaces this trainer's
-           `vllm_generation.sync_weights` (TRL's per-parameter load fails there); a no-op elsewhere;
-        2. async rollouts (`rollouts.async_rollouts`, `async_rollouts`): the replay layer under the server client's
-           `_post` (main process). First on `_post`: a replayed answer then passes every later wrapper as a sent one;
-        3. vLLM's finish reasons (`rollouts.finish_reasons`, with vLLM): records them by wrapping the server client's
-           `_post` (above the replay), the colocated `llm.generate` and `vllm_generation.generate`, all on this
-           trainer's instances; `_generate` reads them;
-        4. dynamic sampling (`rollouts.dynamic_sampling`): nothing to install; `_generate_and_score_completions` runs
-           it;
-        5. the compact LM head (`fused_head.compact_lm_head`): nothing to install; it swaps TRL's `_use_triton` only
-           for the length of each forward in `_get_per_token_logps_and_entropies`;
-        6. the server watchdog (`watchdog`, server mode): outermost around `vllm_generation.sync_weights`, the tensors
-           it hands to the client and the client's `generate` / `chat`, so a stalled sync or request stops the run
-           past `vllm_server_timeout`, naming the step, the tensor and the server log's tail.
-
-        `_post` is wrapped twice, by two behaviours: the replay answers a request without sending it, the finish
-        reasons read every answer, replayed or sent; either runs without the other.
+        0. (while TRL's `__init__` ran) TRL built its vLLM generation as `trl_ext.grpo.vllm.TrlExtVLLMGeneration`
+           (`vllm_generation_class`, the one module global trl_ext swaps), whose overrides change, each chaining to
+           TRL's: the engine's start (server: `TrlExtVLLMClient`, the gloo weight sync off CUDA; colocate on vLLM's
+           CPU platform: the eager sampler), the weight sync (the watchdog; on a colocated CPU engine vLLM's
+           layerwise reload) and `generate` (vLLM's finish reasons kept); its client's `_post` replays (async
+           rollouts, 2) then records the finish reasons, and its `generate` / `chat` are timed by the watchdog;
+        1. the generation follows this trainer's global step (`install_generation`, which the expert-iteration
+           trainer and SFT validation call too): the watchdog's messages name it;
+        2. async rollouts (`rollouts.async_rollouts`, `async_rollouts`): the per-run state and, on the main process,
+           the client's `replay` (the answer of the request sent ahead);
+        3. `mask_truncated_completions` where TRL's rule would also mask the completions that stopped (vLLM, stop
+           strings): TRL's masking off for the run, `rollouts.finished` masks the truncated completions after TRL's
+           scoring of each generation batch (decided here, once);
+        4. the compact LM head (`fused_head.compact_lm_head`, TRL's `_use_triton` swapped for each forward of
+           `_get_per_token_logps_and_entropies`, a scoped exception of docs/architecture.md) and dynamic sampling
+           (`rollouts.dynamic_sampling`, in `_generate_and_score_completions`): nothing to install.
         """
-        install_colocate_weight_sync(self)  # 1
+        install_generation(self)  # 1
         self._install_async_rollouts()  # 2
-        self._install_finish_reasons()  # 3
-        install_trainer_watchdog(self)  # 6
+        self._truncation_masked_here = self._truncation_mask_is_ours()  # 3
+        if self._truncation_masked_here:
+            self.mask_truncated_completions = False
 
     def compute_advantages(
         self, rewards_per_func: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None
@@ -188,45 +204,60 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
             lengths=lengths,
         )
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._scored_rewards = rewards_per_func  # (N_global, n_funcs), every process's completions
+        return rewards_per_func
+
     def _generate_and_score_completions(self, inputs):
         """One generation batch for the loss: with `dynamic_sampling` (training), several of TRL's generation batches,
         each scored by `_score_generation_batch`, the varied groups kept (`_sample_dynamically`); otherwise one. Then
-        the advantages, recomputed from the gathered rewards of the batch's groups."""
-        self._gathered_rewards = None
+        the advantages, from the gathered rewards of the batch's groups: the one place they are computed."""
         if self._samples_dynamically():
-            output = self._sample_dynamically(inputs, self._score_generation_batch)
+            output, rewards = self._sample_dynamically(inputs, self._score_generation_batch)
         else:
-            output = self._score_generation_batch(inputs)
+            output, rewards = self._score_generation_batch(inputs)
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         lengths = self.accelerator.gather(loss_mask(output).sum(dim=1))  # (N_global,), a collective on every rank
-        advantages = self.compute_advantages(self._gathered_rewards, group_size, lengths)  # (N_global,)
+        advantages = self.compute_advantages(rewards, group_size, lengths)  # (N_global,)
+        self._gathered_rewards = rewards
         local = output["advantages"].size(0)
         start = self.accelerator.process_index * local
         output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-
-        # TRL appended its own advantages for every process's completions to the completions table just now.
-        logged, values = self._logs["advantages"], advantages.tolist()
-        for i in range(1, min(len(values), len(logged)) + 1):
-            logged[-i] = values[-i]
+        self._log_over_trl(mode, advantages=advantages.tolist())
         self._metrics[mode]["advantages/mean"].append(advantages.mean().item())
         self._metrics[mode]["advantages/std"].append(advantages.std().item() if advantages.numel() > 1 else 0.0)
         return output
 
-    def _score_generation_batch(self, inputs) -> dict:
-        """TRL's generation and scoring of one generation batch (`GRPOTrainer._generate_and_score_completions`), then
-        each row tagged with the policy version that sampled it (async rollouts), then, where TRL's rule would also
-        mask the completions that stopped at a stop string, the truncated completions alone masked."""
-        masks_itself = self._masks_truncated_itself()
-        if masks_itself:
-            self.mask_truncated_completions = False  # TRL's rule would also mask the completions that stopped
-        try:
-            output = super()._generate_and_score_completions(inputs)
-        finally:
-            if masks_itself:
-                self.mask_truncated_completions = True
+    def _score_generation_batch(self, inputs) -> tuple[dict, torch.Tensor]:
+        """TRL's generation and scoring of one generation batch (`GRPOTrainer._generate_and_score_completions`), the
+        finished-completion metrics written over TRL's, each row tagged with the policy version that sampled it
+        (async rollouts), then, where this trainer masks truncated completions itself, the truncated ones masked.
+
+        Returns:
+            The scored batch and its gathered rewards `(N_global, n_funcs)`.
+        """
+        self._scored_rewards = None
+        output = super()._generate_and_score_completions(inputs)
+        rewards, self._scored_rewards = self._scored_rewards, None
+        self._log_over_trl("train" if self.model.training else "eval", metrics=self._finished_metrics())
         output = self._tag_policy_version(output)
-        return self._mask_truncated(output) if masks_itself else output
+        if self._truncation_masked_here:
+            output = self._mask_truncated(output)
+        return output, rewards
+
+    def _log_over_trl(self, mode: str, metrics: dict[str, float] | None = None, advantages: list[float] | None = None):
+        """The one place that writes a value TRL logged and this trainer decides (`TRL_LOGGED_VALUES`), over TRL's
+        entry of the same generation call: `metrics` over the last entry of each (TRL's `_generate` appended one per
+        call), `advantages` (every process's completions of the batch) over the last entries of TRL's completions
+        table (TRL appended one per completion; dynamic sampling put back the trained rows)."""
+        for name, value in (metrics or {}).items():
+            self._metrics[mode][name][-1] = value
+        if advantages is not None:
+            logged = self._logs["advantages"]
+            for i in range(1, min(len(advantages), len(logged)) + 1):
+                logged[-i] = advantages[-i]
 
     def _get_per_token_logps_and_entropies(
         self,

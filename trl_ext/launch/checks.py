@@ -18,15 +18,15 @@ from trl_ext.preflight.context import RunContext, cuda_device_order_problem, gpu
 from trl_ext.preflight.driver import driver_problem, nvidia_smi
 from trl_ext.preflight.plan import Preflight
 from trl_ext.preflight.problems import PreflightError
-from trl_ext.recipes import TASK_DEFAULTS
+from trl_ext.recipes import script_task
 from trl_ext.recipes.entry import ParsedRecipe, check_parsed_recipe, parse_recipe
 from trl_ext.recipes.stated import cli_overrides
 
 
 def recipe_script_task(recipe: str | Path) -> str | None:
-    """The GRPO task of a trl_ext recipe script (`recipes/countdown.py` -> "countdown"), else None."""
-    stem = Path(recipe).stem
-    return stem if stem in TASK_DEFAULTS else None
+    """The GRPO task of a trl_ext recipe script (`recipes/countdown.py` -> "countdown", `recipes/math_grpo.py` ->
+    "math"), else None."""
+    return script_task(recipe)
 
 
 def check_machine(environ: Mapping[str, str], uses_gpus: bool) -> None:

@@ -22,10 +22,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from trl_ext.grpo.vllm.cpu_sampler import sampler_server_args, stated_flags
 from trl_ext.grpo.weight_sync.plugin import BACKEND, SERVER_LOG_ENV, server_args
 from trl_ext.launch.configs import LaunchError
 from trl_ext.launch.planning import Command
-from trl_ext.vllm_cpu import sampler_server_args, stated_flags
 
 CPU_KV_CACHE_BYTES = 256 * 2**20
 _KV_FLAGS = {"kv-cache-memory-bytes", "kv-cache-memory", "gpu-memory-utilization"}
@@ -73,16 +73,16 @@ def split_cores(cores: Sequence[int] | None = None, taskset: str | None = "") ->
 def cpu_server_args(
     vllm_args: Sequence[str], recipe_share: float | None, compute_dtype: str | None = None
 ) -> tuple[list[str], str]:
-    """`vllm_args` plus the CPU weight transfer's flags, the sampler fix (`--use-fp64-gumbel`, `trl_ext.vllm_cpu`),
-    `--dtype compute_dtype` (the trainer's, without autocast) and `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`, each
-    unless `vllm_args` state it; and the plan's note on the KV cache (the recipe's GPU share `recipe_share` is not
-    used)."""
+    """`vllm_args` plus the CPU weight transfer's flags, the sampler fix (`--use-fp64-gumbel`,
+    `trl_ext.grpo.vllm.cpu_sampler`), `--dtype compute_dtype` (the trainer's, without autocast) and
+    `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`, each unless `vllm_args` state it; and the plan's note on the KV cache
+    (the recipe's GPU share `recipe_share` is not used)."""
     stated = stated_flags(vllm_args)
     refuse_speculative(stated)
     args = list(vllm_args)
     if "weight-transfer-config" not in stated:
         args += server_args()
-    args = sampler_server_args(args)  # vLLM's compiled CPU sampler skips tokens on AVX2 (trl_ext.vllm_cpu)
+    args = sampler_server_args(args)  # vLLM's compiled CPU sampler skips tokens on AVX2 (cpu_sampler)
     if compute_dtype is not None and "dtype" not in stated:
         args += ["--dtype", compute_dtype]
     if stated & _KV_FLAGS:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trl_ext.grpo.vllm.cpu_sampler import stated_flags
 from trl_ext.launch import planning
 from trl_ext.launch.checks import check_machine, launch_preflight, parse_launch_recipe, recipe_script_task
 from trl_ext.launch.configs import (
@@ -46,7 +47,6 @@ from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 from trl_ext.recipes.entry import ParsedRecipe
-from trl_ext.vllm_cpu import stated_flags
 
 DEFAULT_LOG_DIR = "runs/launch"
 # Several CPU training processes (not DeepSpeed): accelerate starts them through torchrun, which does not pass the

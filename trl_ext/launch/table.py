@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trl_ext.launch.configs import LaunchError, read_recipe_serving
 from trl_ext.launch.launcher import plan_launch
-from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml
+from trl_ext.recipes import TASK_DEFAULTS, load_recipe_yaml, recipe_script
 
 # accelerate config -> its layouts: (GPUs on the node, `--num-processes` or None for the config's own).
 MEANT_FOR: dict[str, tuple[tuple[int, int | None], ...]] = {
@@ -132,7 +132,7 @@ def plan_row(
     try:
         plan = plan_launch(
             root / "accelerate_configs" / config,
-            root / "recipes" / f"{task}.py",
+            root / "recipes" / recipe_script(task),
             root / "recipes" / recipe,
             ["--output_dir", str(out)],
             num_gpus=num_gpus,

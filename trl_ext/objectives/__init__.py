@@ -10,10 +10,11 @@
 `aggregation` turns several reward functions into one advantage (TRL's `multi_objective_aggregation`), `objective`
 composes the loss with TRL's masks, sampler correction and KL penalty. GRPO is `group_mean_std` + `grpo_clip` +
 `masked_mean`; Dr.GRPO (https://arxiv.org/abs/2503.20783) changes two things: `group_mean` and `masked_normalize` by
-`max_completion_length`; DAPO (TRL's default) is `group_mean_std` + `grpo_clip` + `token_mean`. The seeds' function
-API (CS336 A5 names) lives in `seed_api` and is re-exported here (its `masked_normalize` also takes the constant as
-`constant_normalizer=`, as the seeds' length-normalisation example calls it); seed 000's and seed 002's own names are
-`seed_api.seed000` and `seed_api.seed002`.
+`max_completion_length`; DAPO (TRL's default) is `group_mean_std` + `grpo_clip` + `token_mean`. The courses' function
+API (CS336 A5 names) lives in `course_api` and is re-exported here (its `masked_normalize` also takes the constant as
+`constant_normalizer=`, as the courses' length-normalisation example calls it); Assignment 2's and NLPDL HW3's own
+names are
+`course_api.assignment2_grpo` and `course_api.nlpdl_hw3`.
 """
 
 from trl_ext.objectives.advantages import (
@@ -23,17 +24,7 @@ from trl_ext.objectives.advantages import (
     group_normalize,
 )
 from trl_ext.objectives.aggregation import AGGREGATIONS, MULTI_OBJECTIVE_AGGREGATIONS, compute_advantages
-from trl_ext.objectives.losses import PG_LOSS_TYPES, PG_LOSSES, get_pg_loss, log_importance_weights
-from trl_ext.objectives.objective import adaptive_entropy_coef, entropy_bonus, k3_kl, policy_objective
-from trl_ext.objectives.reductions import (
-    LENGTH_NORMALIZATIONS,
-    REDUCTIONS,
-    get_reduction,
-    masked_mean,
-    reduce_loss,
-)
-from trl_ext.objectives.registry import Registry
-from trl_ext.objectives.seed_api import (
+from trl_ext.objectives.course_api import (
     compute_entropy,
     compute_group_normalized_rewards,
     compute_grpo_clip_loss,
@@ -47,6 +38,16 @@ from trl_ext.objectives.seed_api import (
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )
+from trl_ext.objectives.losses import PG_LOSS_TYPES, PG_LOSSES, get_pg_loss, log_importance_weights
+from trl_ext.objectives.objective import adaptive_entropy_coef, entropy_bonus, k3_kl, policy_objective
+from trl_ext.objectives.reductions import (
+    LENGTH_NORMALIZATIONS,
+    REDUCTIONS,
+    get_reduction,
+    masked_mean,
+    reduce_loss,
+)
+from trl_ext.objectives.registry import Registry
 
 __all__ = [
     "ADVANTAGES",

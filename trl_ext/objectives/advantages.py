@@ -201,7 +201,7 @@ def get_advantage_fn(name: str):
 def group_normalize(
     rewards: torch.Tensor, group_size: int, advantage_eps: float, normalize_by_std: bool
 ) -> torch.Tensor:
-    """Group-relative advantages (the seeds' entry point): `group_mean_std` if `normalize_by_std` else `group_mean`.
+    """Group-relative advantages (the courses' entry point): `group_mean_std` if `normalize_by_std` else `group_mean`.
 
     Args:
         rewards: `(N,)` one reward per completion, groups contiguous; N must be a multiple of `group_size`.

@@ -4,10 +4,10 @@
 when `importance_sampling_level="sequence"`; `A` is `(B, 1)`; `sg` stops the gradient. Registered under
 `pg_loss_type`, each with TRL 1.16's arithmetic where TRL has the loss:
 
-    reinforce     -A logp                                                  (REINFORCE; the seeds' naive loss)
+    reinforce     -A logp                                                  (REINFORCE; the courses' naive loss)
     grpo_clip     -min(r A, clip(r, 1 - eps, 1 + eps_high) A), r capped at `delta` if set
                                                                            (PPO / GRPO; INTELLECT-2 two-sided clip)
-    grpo_no_clip  -r A                                                     (the seeds' GRPO-No-Clip)
+    grpo_no_clip  -r A                                                     (the courses' GRPO-No-Clip)
     gspo          grpo_clip with the sequence-level ratio                   (GSPO, https://arxiv.org/abs/2507.18071)
     luspo         |y| * gspo, |y| the completion's length in tokens        (LUSPO, https://arxiv.org/abs/2602.05261)
     cispo         -sg(min(r, eps_high)) A logp                             (CISPO, https://arxiv.org/abs/2506.13585)
@@ -116,7 +116,7 @@ def grpo_no_clip_loss(
     mask: torch.Tensor,
     importance_sampling_level: str = "token",
 ) -> tuple[torch.Tensor, Metrics]:
-    """Unclipped importance-weighted surrogate `-r A` (the seeds' GRPO-No-Clip). Shapes as `grpo_clip_loss`."""
+    """Unclipped importance-weighted surrogate `-r A` (the courses' GRPO-No-Clip). Shapes as `grpo_clip_loss`."""
     ratio = torch.exp(log_importance_weights(log_probs, old_log_probs, mask, importance_sampling_level))
     return -ratio * advantages, {}
 

@@ -86,7 +86,7 @@ def masked_normalize_reduction(
     num_sequences: int | None = None,
     accumulation_steps: int = 1,
 ) -> torch.Tensor:
-    """Token sum over the batch divided by `B * normalize_constant` (Dr.GRPO; seed 000's `masked_mean_drgrpo`).
+    """Token sum over the batch divided by `B * normalize_constant` (Dr.GRPO; Assignment 2's `masked_mean_drgrpo`).
     Args: `per_token_loss` `(B, T)` or `(B, 1)`, `mask` `(B, T)`. Returns a scalar."""
     if normalize_constant is None or not normalize_constant > 0:
         raise ValueError(

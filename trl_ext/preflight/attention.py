@@ -1,7 +1,7 @@
 """Which attention a run loads its policy with, decided before the model loads.
 
 A recipe asks for an implementation through its model init arguments (`model_init_kwargs: {attn_implementation:
-flash_attention_2}`, or ModelConfig's `attn_implementation`); the recipes that follow seed 001's loading ("in
+flash_attention_2}`, or ModelConfig's `attn_implementation`); the recipes that follow NYU Assignment 3's loading ("in
 bfloat16 and with FlashAttention-2") ask for FlashAttention-2. It needs the `flash_attn` package and a CUDA GPU:
 where `flash_attn` is not installed, or the run is on the CPU (`use_cpu`), the run falls back to PyTorch's SDPA
 (`sdpa`) with a message saying so, instead of failing when transformers loads the model. The preflights print which

@@ -1,9 +1,9 @@
 """The one batch arithmetic of a GRPO run for the actual number of training processes: the preflight checks a recipe
-with it, `AblationGRPOConfig` maps the seeds' fields with it, the trainer checks its world size and asynchronous
+with it, `AblationGRPOConfig` maps the courses' fields with it, the trainer checks its world size and asynchronous
 rollouts their whole optimizer steps with it; every rule has one message (`field: message` in the preflight,
 `field=message` in a config error). Pure: TRL's defaults are read from `trl.GRPOConfig` on first use.
 
-A recipe states the seeds' batch vocabulary; the world size W (training processes) decides how it splits:
+A recipe states the courses' batch vocabulary; the world size W (training processes) decides how it splits:
 
     rollout_batch_size   = prompts per rollout x group_size                  (generation_batch_size)
     train_batch_size     = per_device_train_batch_size x gradient_accumulation_steps x W
@@ -13,7 +13,7 @@ A recipe states the seeds' batch vocabulary; the world size W (training processe
 
 When a recipe gives `train_batch_size` and `per_device_train_batch_size` (the micro-batch, what memory depends on)
 but not `gradient_accumulation_steps`, GA is derived for W: `train_batch_size / (per_device x W)`. That is how the
-shipped recipes keep the seeds' 256 completions per step on 1, 2, 4 or 8 GPUs. A recipe that gives GA instead gets
+shipped recipes keep the courses' 256 completions per step on 1, 2, 4 or 8 GPUs. A recipe that gives GA instead gets
 the per-device batch derived from it. Every failure the preflight reports comes with fixes that were re-checked here.
 """
 
@@ -45,7 +45,7 @@ class BatchLayout:
         steps_per_generation: micro-batches per process per rollout batch.
         num_iterations: passes over each rollout batch.
         optimizer_steps_per_rollout: optimizer steps per rollout batch.
-        n_grpo_steps: the seeds' GRPO steps, or None.
+        n_grpo_steps: the courses' GRPO steps, or None.
         max_steps: optimizer steps of the run (-1: TRL's epoch-based default).
         per_device_eval_batch_size: prompts per process per validation batch (0: no validation).
         eval_generations: completions per validation prompt.
@@ -112,7 +112,7 @@ TRL_BATCH_FIELDS = (
     "eval_strategy",
     "max_steps",
 )
-# The seeds' vocabulary (`trl_ext.grpo.config` maps it onto TRL's fields); no TRL default.
+# The courses' vocabulary (`trl_ext.grpo.config` maps it onto TRL's fields); no TRL default.
 SEED_BATCH_FIELDS = (
     "group_size",
     "rollout_batch_size",
@@ -197,7 +197,7 @@ def _train_split(ints: Mapping[str, int | None], w: int) -> tuple[_TrainSplit | 
 
 def _rollout_problems(ints: Mapping[str, int | None], split: _TrainSplit, group: int, w: int) -> tuple[int, list]:
     """Completions per rollout (`rollout_batch_size`, else TRL's `generation_batch_size`, else `steps_per_generation`
-    micro-batches, else one optimizer step's) and the seeds' and TRL's rules on it."""
+    micro-batches, else one optimizer step's) and the courses' and TRL's rules on it."""
     micro_global = split.per_device * w
     steps = ints["steps_per_generation"]
     rollout = ints["rollout_batch_size"] or ints["generation_batch_size"] or (steps or 0) * micro_global or split.train
@@ -241,8 +241,9 @@ def whole_optimizer_steps(steps_per_generation: int, num_iterations: int, ga: in
     if micro % ga:
         message = (
             f"{ga} does not divide the {micro} micro-batches per rollout (steps_per_generation={steps_per_generation} "
-            f"x num_iterations={num_iterations}): not whole optimizer steps per rollout; change one of them (in seed "
-            "terms: rollout_batch_size x epochs_per_rollout_batch must be a multiple of train_batch_size)"
+            f"x num_iterations={num_iterations}): not whole optimizer steps per rollout; change one of them "
+            "(in the courses' terms: rollout_batch_size x epochs_per_rollout_batch must be a multiple of "
+            "train_batch_size)"
         )
         return None, [Problem("gradient_accumulation_steps", message)]
     return micro // ga, []
@@ -281,7 +282,7 @@ def _eval_batches(values: Mapping[str, Any], ints: Mapping[str, int | None], gro
 def check_batches(values: Mapping[str, Any], world_size: int) -> tuple[BatchLayout | None, list[Problem]]:
     """The layout of a recipe's batches on `world_size` processes, or the problems (without fixes).
 
-    The one batch arithmetic: the preflight, `trl_ext.grpo.config` (the seeds' fields) and the trainer use it.
+    The one batch arithmetic: the preflight, `trl_ext.grpo.config` (the courses' fields) and the trainer use it.
 
     Args:
         values: recipe fields (YAML chain plus command-line overrides); absent keys take TRL's defaults.
@@ -368,7 +369,7 @@ def suggest_batch_fixes(values: Mapping[str, Any], world_size: int) -> list[str]
         for candidate in sorted({max(step, int(train) // step * step), (int(train) // step + 1) * step}):
             overrides = {"rollout_batch_size": candidate * ratio, "train_batch_size": candidate}
             if candidate != int(train) and _works(values, overrides, world_size):
-                fixes.append(_flags(overrides) + " (fewer / more completions than the seeds' per step)")
+                fixes.append(_flags(overrides) + " (fewer / more completions than the courses' per step)")
     return fixes
 
 

@@ -71,7 +71,7 @@ gradients of the scored hidden states. Materialised fp32 logits would cost `toke
 completion tokens: 1.2 GiB; 256 x 1024 in one validation batch: 148 GiB); the estimate reports that number for
 reference, and counts it instead of the tile when `TrainingSetup.chunked_logprobs` is False.
 
-Padding-free (`padding_free`, issue 24): a micro-batch's rows are packed into one sequence of their real tokens, so
+Padding-free (`padding_free`): a micro-batch's rows are packed into one sequence of their real tokens, so
 its activations and scored hidden states follow `b x (prompt + E)` tokens, E the completion length a row is expected
 to have (`expected_completion_tokens`; unset: `EXPECTED_COMPLETION_FRACTION x max_completion_length`), instead of
 `b x (prompt + max_completion_length)`. The prompt stays the task's longest (conservative). That is an expected

@@ -63,7 +63,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
     },
 }
-# Seed 001's GRPO model: the instruct tuning of Qwen2.5-Math-1.5B, the same architecture.
+# NYU Assignment 3's GRPO model: the instruct tuning of Qwen2.5-Math-1.5B, the same architecture.
 KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B-Instruct"] = KNOWN_CONFIGS["Qwen/Qwen2.5-Math-1.5B"]
 # Config fields that name the routed experts of a mixture-of-experts model (Qwen-MoE, Mixtral, DeepSeek).
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")

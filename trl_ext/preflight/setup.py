@@ -15,7 +15,7 @@ from trl_ext.preflight.batch import BatchLayout
 from trl_ext.preflight.context import RunContext
 
 # Longest prompt in tokens (Qwen tokenizer, chat template where the recipe uses it) of each task's shipped data,
-# measured on ../shared/data: Countdown train_10k (countdown prompt, chat 266; tinyzero 99), GSM8K train (299),
+# measured on the full sets: Countdown train_10k (countdown prompt, chat 266; tinyzero 99), GSM8K train (299),
 # MATH12k train (r1_zero 1742), the kissing problem (232, chat, no thinking). Batches are padded to their longest
 # prompt, so the maximum is what memory sees.
 PROMPT_TOKENS = {"countdown": 266, "gsm8k": 299, "math": 1742, "kissing": 232}
@@ -24,7 +24,7 @@ DEFAULT_PROMPT_TOKENS = 512
 LOGPROB_TOKEN_CHUNK = 4096
 # Completion length a padding-free estimate assumes per row when none is stated, as a fraction of
 # max_completion_length: Countdown and MATH rollouts have a median well under half the limit and a tail to it
-# (issue 24: median ~250 of 1024), so half is a stated, deliberately generous guess; state the real mean with
+# (median ~250 of 1024), so half is a stated, deliberately generous guess; state the real mean with
 # `--expected_completion_tokens` once a run has logged `completions/mean_length`.
 EXPECTED_COMPLETION_FRACTION = 0.5
 PRECISIONS = ("fp32_master", "pure_bf16")

@@ -23,12 +23,15 @@ preflight).
 from trl_ext.lazy import lazy_names
 
 _LAZY = {
+    "RECIPE_SCRIPTS": "trl_ext.recipes.arguments",
     "SFT_DEFAULT_DATASET": "trl_ext.recipes.arguments",
     "TASK_DEFAULTS": "trl_ext.recipes.arguments",
     "EIScriptArguments": "trl_ext.recipes.arguments",
     "GRPOScriptArguments": "trl_ext.recipes.arguments",
     "SFTScriptArguments": "trl_ext.recipes.arguments",
     "apply_task_defaults": "trl_ext.recipes.arguments",
+    "recipe_script": "trl_ext.recipes.arguments",
+    "script_task": "trl_ext.recipes.arguments",
     "load_grpo_datasets": "trl_ext.recipes.data",
     "load_sft_dataset": "trl_ext.recipes.data",
     "load_sft_datasets": "trl_ext.recipes.data",
@@ -65,6 +68,7 @@ __all__ = [
     "EIScriptArguments",
     "GRPOScriptArguments",
     "ParsedRecipe",
+    "RECIPE_SCRIPTS",
     "RecipeError",
     "SFTScriptArguments",
     "SFT_DEFAULT_DATASET",
@@ -90,10 +94,12 @@ __all__ = [
     "parse_ei_args",
     "parse_recipe_args",
     "preflight_recipe",
+    "recipe_script",
     "resolve_max_steps",
     "run_expert_iteration_recipe",
     "run_grpo_recipe",
     "run_sft_recipe",
+    "script_task",
     "stated_values",
     "train_save_evaluate",
 ]

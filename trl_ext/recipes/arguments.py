@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trl_ext.recipes.yaml_chain import RecipeError
@@ -23,6 +24,29 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "kissing": {"prompt": "kissing", "reward_funcs": ["kissing"], "dataset_split": "train", "eval_split": "train"},
 }
 SFT_DEFAULT_DATASET = "PrimeIntellect/INTELLECT-MATH-SFT-Data"
+
+# The entry point of each recipe folder (`recipes/<folder>/<x>.yaml` runs with `recipes/<script>`): the folder's name,
+# but for MATH, whose script named `math.py` would be what `import math` finds for any program run with recipes/ first
+# on sys.path (`python recipes/<x>.py` puts it there).
+RECIPE_SCRIPTS = {
+    "countdown": "countdown.py",
+    "gsm8k": "gsm8k.py",
+    "math": "math_grpo.py",
+    "kissing": "kissing.py",
+    "sft": "sft.py",
+    "expert_iteration": "expert_iteration.py",
+}
+
+
+def recipe_script(folder: str) -> str:
+    """The entry point's file name for the recipes of `recipes/<folder>/` (`math` -> `math_grpo.py`)."""
+    return RECIPE_SCRIPTS.get(folder, f"{folder}.py")
+
+
+def script_task(script) -> str | None:
+    """The GRPO task a recipe entry point trains (`recipes/math_grpo.py` -> "math"), None for any other script."""
+    name = Path(script).name
+    return next((task for task in TASK_DEFAULTS if RECIPE_SCRIPTS.get(task) == name), None)
 
 
 @dataclass
@@ -81,12 +105,14 @@ class GRPOScriptArguments:
     )
     eval_limit: int | None = field(
         default=1024,
-        metadata={"help": "Validate on the first N problems of the eval split (seeds: >= 1024 where available)."},
+        metadata={
+            "help": "Validate on the first N problems of the eval split (the courses: >= 1024 where available)."
+        },
     )
     n_grpo_steps: int | None = field(
         default=None,
         metadata={
-            "help": "Seeds' GRPO steps (rollout batches). Sets max_steps = n_grpo_steps * num_iterations * "
+            "help": "The courses' GRPO steps (rollout batches). Sets max_steps = n_grpo_steps * num_iterations * "
             "steps_per_generation / gradient_accumulation_steps (optimizer steps per rollout batch). Setting "
             "max_steps to a different value as well is an error."
         },
@@ -147,7 +173,7 @@ class SFTScriptArguments:
     dataset_source: str = field(
         default=SFT_DEFAULT_DATASET,
         metadata={
-            "help": "SFT examples: a hub dataset id or local .jsonl/.parquet file whose rows hold seed 001's "
+            "help": "SFT examples: a hub dataset id or local .jsonl/.parquet file whose rows hold NYU Assignment 3's "
             "`prompt` and `response` strings (tokenized separately, concatenated as plain text) or `messages` "
             "(system?, user, assistant: prompt = all but the last assistant turn -> completion = the last assistant "
             "turn, through the chat template); loss on the response / completion only."
@@ -155,7 +181,8 @@ class SFTScriptArguments:
     )
     dataset_split: str = field(default="train[:-1024]", metadata={"help": "Training split (datasets' slicing)."})
     limit: int | None = field(
-        default=None, metadata={"help": "Dataset size: use only the first N examples (seed 001: 128 ... 1024, full)."}
+        default=None,
+        metadata={"help": "Dataset size: use only the first N examples (NYU Assignment 3: 128 ... 1024, full)."},
     )
     eval_source: str | None = field(
         default=None, metadata={"help": "Validation traces (hub id or local file). Default: dataset_source."}
@@ -179,8 +206,8 @@ class SFTScriptArguments:
     accuracy_split: str = field(
         default="train[-500:]",
         metadata={
-            "help": "Split of the accuracy problems. Default: seed 001's MATH validation, the last 500 problems of "
-            "MATH train (hiyouga/math12k), none of them in MATH-500 ('test', the seed's test set)."
+            "help": "Split of the accuracy problems. Default: NYU Assignment 3's MATH validation, the last 500 "
+            "problems of MATH train (hiyouga/math12k), none of them in MATH-500 ('test', the course's test set)."
         },
     )
     accuracy_limit: int | None = field(default=None, metadata={"help": "Measure on the first N problems (all: None)."})
@@ -191,11 +218,13 @@ class SFTScriptArguments:
         default=False,
         metadata={
             "help": "Render the accuracy prompts with the tokenizer's chat template: true for `messages` traces "
-            "(trained through it); seed 001's prompt / response examples are plain text (false)."
+            "(trained through it); NYU Assignment 3's prompt / response examples are plain text (false)."
         },
     )
-    accuracy_max_tokens: int = field(default=2048, metadata={"help": "Generation budget (seed 001: 2048)."})
-    accuracy_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0: greedy (seed 001)."})
+    accuracy_max_tokens: int = field(default=2048, metadata={"help": "Generation budget (NYU Assignment 3: 2048)."})
+    accuracy_temperature: float = field(
+        default=0.0, metadata={"help": "Sampling temperature; 0: greedy (NYU Assignment 3)."}
+    )
     accuracy_batch_size: int = field(
         default=64, metadata={"help": "Sequences per generate() call (accuracy_backend transformers)."}
     )

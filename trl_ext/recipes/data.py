@@ -1,5 +1,5 @@
-"""Recipe datasets: GRPO problems through `trl_ext.tasks`; SFT examples as seed 001's prompt / response strings or as
-prompt-completion conversations."""
+"""Recipe datasets: GRPO problems through `trl_ext.tasks`; SFT examples as NYU Assignment 3's prompt / response strings
+or as prompt-completion conversations."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _require_rows(dataset, source, split, field_prefix: str) -> None:
 def load_sft_dataset(source: str, split: str, limit: int | None = None):
     """SFT examples in one of two layouts, checked row by row.
 
-    - Seed 001's course format (its `sft.jsonl`): rows `{"prompt": str, "response": str}`, kept as the two strings;
+    - NYU Assignment 3's course format (its `sft.jsonl`): rows `{"prompt": str, "response": str}`, kept as the two
+    strings;
       `tokenize_prompt_response` turns them into training rows as the course does (plain text, no chat template).
     - Reasoning traces: rows with `messages` (a list of `{"role", "content"}`), split into TRL prompt-completion
       conversations, `prompt` = every message before the last one and `completion` = [the last message], which
@@ -95,7 +96,7 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
     columns = dataset.column_names
     if "messages" not in columns and not {"prompt", "response"} <= set(columns):
         raise RecipeError(
-            f"{source}: SFT data needs `prompt` and `response` strings (seed 001's sft.jsonl) or a `messages` "
+            f"{source}: SFT data needs `prompt` and `response` strings (NYU Assignment 3's sft.jsonl) or a `messages` "
             f"column; found {columns}"
         )
     if limit is not None:
@@ -120,13 +121,13 @@ def load_sft_dataset(source: str, split: str, limit: int | None = None):
 
 
 def is_prompt_response(dataset) -> bool:
-    """Whether `dataset` (from `load_sft_dataset`) holds seed 001's `{"prompt", "response"}` strings."""
+    """Whether `dataset` (from `load_sft_dataset`) holds NYU Assignment 3's `{"prompt", "response"}` strings."""
     return dataset is not None and "response" in dataset.column_names
 
 
 def tokenize_prompt_response(dataset, tokenizer):
-    """Seed 001's SFT rows as the course tokenizes them (`tokenize_prompt_and_output`): the prompt and the response
-    tokenized separately, without special tokens (no BOS, no EOS added), and concatenated; no chat template.
+    """NYU Assignment 3's SFT rows as the course tokenizes them (`tokenize_prompt_and_output`): the prompt and the
+    response tokenized separately, without special tokens (no BOS, no EOS added), and concatenated; no chat template.
 
     Returns:
         A dataset of `input_ids = tok(prompt) + tok(response)` and `completion_mask = [0] * len(tok(prompt)) +

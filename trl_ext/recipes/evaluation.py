@@ -5,10 +5,10 @@ validation settings become the `EvalConfig`: the validation split and size (`eva
 `eval_limit`), the prompt and whether it goes through the chat template, `chat_template_kwargs` (Qwen3's
 `enable_thinking`), the sampling (`temperature`, `top_p`, `num_generations_eval`), the stop strings and `min_tokens`
 of `generation_kwargs`, the reward, the seed, and the budget (`max_completion_length`, or several with
-`--max-tokens`). Seed 000's zero-shot baseline is this with the untrained model at 256, 512 and 1024 tokens:
+`--max-tokens`). Assignment 2's zero-shot baseline is this with the untrained model at 256, 512 and 1024 tokens:
 
-    trl-ext eval --recipe recipes/countdown/seed000_grpo_l512.yaml --max-tokens 256,512,1024 \\
-        --output-dir runs/countdown/seed000_zero_shot
+    trl-ext eval --recipe recipes/countdown/qwen3_1.7b_grpo_l512.yaml --max-tokens 256,512,1024 \\
+        --output-dir runs/countdown/qwen3_1.7b_zero_shot
 """
 
 from __future__ import annotations

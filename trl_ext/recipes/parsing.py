@@ -288,7 +288,7 @@ def optimizer_steps_per_rollout(training_args) -> int:
     `gradient_accumulation_steps` micro-batches:
 
         steps = num_iterations * steps_per_generation / gradient_accumulation_steps
-              = epochs_per_rollout_batch * rollout_batch_size / train_batch_size      (seed vocabulary)
+              = epochs_per_rollout_batch * rollout_batch_size / train_batch_size      (the courses' vocabulary)
     """
     micro = training_args.num_iterations * training_args.steps_per_generation
     ga = training_args.gradient_accumulation_steps

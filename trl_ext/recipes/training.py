@@ -140,7 +140,7 @@ def validation_accuracy(script_args, training_args):
 def build_sft_trainer(training_args, model_args, train_dataset, eval_dataset, accuracy=None):
     """`trl_ext.expert_iteration.sft_validation.ValidatingSFTTrainer` (TRL's SFTTrainer, plus validation accuracy
     when `accuracy` is given, and `step_time`) for a parsed SFT recipe; TRL loads the model from
-    `model_name_or_path`. Seed 001's `{"prompt", "response"}` examples are tokenized here as the course does
+    `model_name_or_path`. NYU Assignment 3's `{"prompt", "response"}` examples are tokenized here as the course does
     (`trl_ext.recipes.data.tokenize_prompt_response`, with the model's tokenizer); without validation examples the
     evaluations measure accuracy alone."""
     from trl import get_peft_config, get_quantization_config

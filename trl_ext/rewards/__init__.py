@@ -50,9 +50,9 @@ REWARD_FUNCS = {
     "countdown": countdown_reward,
     "countdown_all_numbers": countdown_reward,  # the default rule; the name is kept for configs that use it
     "countdown_at_most_once": CountdownReward(require_all=False),
-    # seed 000's verifier (one equation, unary signs, numbers at most once): the seed-000 recipes score with it
-    "countdown_seed000": CountdownReward(seed000=True),
-    # 1 / 0, the verified reward of seed 001 (section 6.3): its Countdown recipes train on it
+    # Assignment 2's verifier (one equation, unary signs, numbers at most once): the Assignment 2 recipes score with it
+    "countdown_single_equation": CountdownReward(single_equation=True),
+    # 1 / 0, the verified reward of NYU Assignment 3 (section 6.3): its Countdown recipes train on it
     "countdown_binary": CountdownReward(binary=True),
     "r1_zero": r1_zero_reward,
     "question_only": question_only_reward,

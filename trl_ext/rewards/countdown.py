@@ -1,9 +1,9 @@
 """Countdown reward: is the equation in the last `<answer>` tag built from the given numbers and equal to the target?
 
-Reward (seed 000 / TinyZero values): 1.0 when the answer is correct, 0.1 when an `<answer>...</answer>` tag is
+Reward (Assignment 2 / TinyZero values): 1.0 when the answer is correct, 0.1 when an `<answer>...</answer>` tag is
 present but its content is wrong or invalid, 0.0 when there is no tag.
 
-Two answer forms are accepted (seed 001's Countdown prompt allows both):
+Two answer forms are accepted (NYU Assignment 3's Countdown prompt allows both):
 
 - one equation, e.g. `(1 + 2) / 3`, optionally followed by `= <its value>`;
 - "Step X:" lines, e.g. `Step 1: 1 + 2 = 3` / `Step 2: 3 / 3 = 1`: each step's arithmetic must be exactly right and
@@ -13,7 +13,7 @@ Two answer forms are accepted (seed 001's Countdown prompt allows both):
 Rules, chosen and fixed here:
 
 - Every given number is used exactly once by default (`require_all=True`: the rule the prompts state and the
-  problems are generated with; TinyZero's). `require_all=False` is seed 000's `validate_numbers` reading: the
+  problems are generated with; TinyZero's). `require_all=False` is Assignment 2's `validate_numbers` reading: the
   numbers used are a sub-multiset of the given ones (not every number has to be used, none more often than given);
   it lets a bare `<answer> 33 </answer>` score 1.0 whenever 33 is one of the given numbers.
 - Only ASCII digits, whitespace, `+ - * /` and parentheses; no unary minus (the game has only the four binary
@@ -23,12 +23,12 @@ Rules, chosen and fixed here:
 - Bounded work on any input: an equation longer than `MAX_EQUATION_CHARS` or nested deeper than `MAX_NESTING`
   parentheses is invalid before it is parsed, and at most `MAX_STEPS` step lines are read.
 
-Seed 000's own rule (`seed000=True`, used by the recipes named after seed 000 so their numbers compare with the
-seed's): one equation of the characters its `_evaluate_equation` admits (ASCII digits, spaces, `+ - * /`,
-parentheses; no other whitespace: a line break or tab inside the answer makes it invalid), read as `eval` reads
-them, so a unary sign is allowed (`-2+8` is 6, as `eval` gives it); no "Step X:"
+Assignment 2's own rule (`single_equation=True`, registry name `countdown_single_equation`, used by the Assignment 2
+recipes so their numbers compare with the assignment's): one equation of the characters its `_evaluate_equation`
+admits (ASCII digits, spaces, `+ - * /`, parentheses; no other whitespace: a line break or tab inside the answer makes
+it invalid), read as `eval` reads them, so a unary sign is allowed (`-2+8` is 6, as `eval` gives it); no "Step X:"
 lines and no `= value` after the equation (`=` is not among those characters); `**` and `//` stay invalid (not
-among the seed's four operations); every number at most once (its `_validate_numbers`: `(64 + 14) - 16` is
+among the assignment's four operations); every number at most once (its `_validate_numbers`: `(64 + 14) - 16` is
 valid for [64, 14, 16, 7]). Still never `eval`-ed: the same exact parser with prefix signs switched on.
 """
 
@@ -61,7 +61,7 @@ __all__ = [
     "parse_countdown_ground_truth",
     "resolve_number_rule",
     "score_countdown",
-    "seed000_answer_value",
+    "single_equation_answer_value",
     "validate_numbers",
 ]
 
@@ -120,7 +120,7 @@ def validate_numbers(equation: str, available_numbers: Iterable[int], require_al
 
     Rule: with `require_all=True` (the default) the multiset of integers in the equation equals the available
     multiset (each number exactly once); with `require_all=False` it is a sub-multiset (each at most as often as
-    given, seed 000's reading).
+    given, Assignment 2's reading).
 
     Args:
         equation: an arithmetic expression such as `"(64 + 14) - 16 + 7"`.
@@ -198,14 +198,14 @@ def _answer_value(answer: str, numbers: list[int], require_all: bool) -> Number 
     return evaluate_split(parts[::2], used)
 
 
-# Seed 000's `_evaluate_equation` admits these characters ("digits, spaces, +, -, *, /, (, )") and evaluates what
-# `eval` makes of them. The space is the only whitespace: a line break or tab is not in the seed's list (and `eval`
-# refuses a line break outside parentheses), so an answer with one inside is invalid.
-_SEED000_CHARACTERS = frozenset("0123456789 +-*/()")
+# Assignment 2's `_evaluate_equation` admits these characters ("digits, spaces, +, -, *, /, (, )") and evaluates what
+# `eval` makes of them. The space is the only whitespace: a line break or tab is not in the assignment's list (and
+# `eval` refuses a line break outside parentheses), so an answer with one inside is invalid.
+_SINGLE_EQUATION_CHARACTERS = frozenset("0123456789 +-*/()")
 
 
-def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
-    """Exact value of an answer under seed 000's rule (module docstring), or None when it is invalid there.
+def single_equation_answer_value(answer: str, numbers: list[int]) -> Number | None:
+    """Exact value of an answer under Assignment 2's rule (module docstring), or None when it is invalid there.
 
     Args:
         answer: the stripped content of the `<answer>` tag.
@@ -213,7 +213,7 @@ def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
     """
     if len(answer) > MAX_EQUATION_CHARS and len(" ".join(answer.split())) > MAX_EQUATION_CHARS:
         return None
-    if not _SEED000_CHARACTERS.issuperset(answer):
+    if not _SINGLE_EQUATION_CHARACTERS.issuperset(answer):
         return None
     parts = NUMBERS_AND_GAPS.split(answer)
     used = list(map(int, parts[1::2]))
@@ -222,12 +222,13 @@ def seed000_answer_value(answer: str, numbers: list[int]) -> Number | None:
     return evaluate_split(parts[::2], used, unary=True)
 
 
-def resolve_number_rule(require_all: bool | None, seed000: bool) -> bool:
-    """`require_all` resolved: True by default; under seed 000's rule (its own: at most once) True is an error."""
-    if seed000:
+def resolve_number_rule(require_all: bool | None, single_equation: bool) -> bool:
+    """`require_all` resolved: True by default; under Assignment 2's rule (its own: at most once) True is an error."""
+    if single_equation:
         if require_all:
             raise ValueError(
-                "seed000=True scores with seed 000's number rule (each number at most once); drop require_all"
+                "single_equation=True scores with Assignment 2's number rule (each number at most once); "
+                "drop require_all"
             )
         return False
     return True if require_all is None else require_all
@@ -292,10 +293,12 @@ def _as_int(value, field: str) -> int:
     return number
 
 
-def score_code(text: str, numbers: list[int], target: int, require_all: bool = True, seed000: bool = False) -> int:
+def score_code(
+    text: str, numbers: list[int], target: int, require_all: bool = True, single_equation: bool = False
+) -> int:
     """Outcome of one completion for a parsed ground truth: `NO_TAG`, `WRONG` or `CORRECT` (the batch path).
 
-    `seed000` scores with seed 000's rule (module docstring); `require_all` does not apply then.
+    `single_equation` scores with Assignment 2's rule (module docstring); `require_all` does not apply then.
     """
     if not isinstance(text, str):  # `extract_answer` inlined (see `_answer_value`)
         return NO_TAG
@@ -306,7 +309,11 @@ def score_code(text: str, numbers: list[int], target: int, require_all: bool = T
     if start < 0:
         return NO_TAG
     answer = text[start + len(_OPEN) : end].strip()
-    value = seed000_answer_value(answer, numbers) if seed000 else _answer_value(answer, numbers, require_all)
+    value = (
+        single_equation_answer_value(answer, numbers)
+        if single_equation
+        else _answer_value(answer, numbers, require_all)
+    )
     return CORRECT if value == target else WRONG
 
 
@@ -315,14 +322,16 @@ def _components(code: int) -> dict[str, float]:
 
 
 def score_countdown(
-    text: str, numbers: list[int], target: int, require_all: bool | None = None, seed000: bool = False
+    text: str, numbers: list[int], target: int, require_all: bool | None = None, single_equation: bool = False
 ) -> dict[str, float]:
     """`countdown_reward_components` for an already parsed ground truth."""
-    return _components(score_code(text, numbers, target, resolve_number_rule(require_all, seed000), seed000))
+    return _components(
+        score_code(text, numbers, target, resolve_number_rule(require_all, single_equation), single_equation)
+    )
 
 
 def countdown_reward_components(
-    text: str, ground_truth: Mapping, require_all: bool | None = None, seed000: bool = False
+    text: str, ground_truth: Mapping, require_all: bool | None = None, single_equation: bool = False
 ) -> dict[str, float]:
     """Reward and its two parts for one completion.
 
@@ -334,17 +343,17 @@ def countdown_reward_components(
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
         require_all: every given number must be used exactly once (default); False: at most once.
-        seed000: seed 000's whole rule (module docstring), with its own number rule (at most once).
+        single_equation: Assignment 2's whole rule (module docstring), with its own number rule (at most once).
 
     Returns:
         `{"reward", "format_reward", "answer_reward"}` floats.
     """
     numbers, target = parse_countdown_ground_truth(ground_truth)
-    return score_countdown(text, numbers, target, require_all, seed000)
+    return score_countdown(text, numbers, target, require_all, single_equation)
 
 
 def countdown_reward_fn(
-    text: str, ground_truth: Mapping, require_all: bool | None = None, seed000: bool = False
+    text: str, ground_truth: Mapping, require_all: bool | None = None, single_equation: bool = False
 ) -> float:
     """1.0 for a correct answer, 0.1 for an answer tag with a wrong or invalid answer, 0.0 without a tag.
 
@@ -352,7 +361,9 @@ def countdown_reward_fn(
         text: the completion.
         ground_truth: `{"numbers" | "nums": [...], "target": int}`.
         require_all: every given number must be used exactly once (default); False: at most once.
-        seed000: seed 000's whole rule (module docstring), with its own number rule (at most once).
+        single_equation: Assignment 2's whole rule (module docstring), with its own number rule (at most once).
     """
     numbers, target = parse_countdown_ground_truth(ground_truth)
-    return REWARDS[score_code(text, numbers, target, resolve_number_rule(require_all, seed000), seed000)]
+    return REWARDS[
+        score_code(text, numbers, target, resolve_number_rule(require_all, single_equation), single_equation)
+    ]

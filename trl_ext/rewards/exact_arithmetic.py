@@ -4,9 +4,9 @@ The integers are cut out of the equation; what is left (the "shape", e.g. `(0+0)
 shunting-yard into a list of binary operations (cached: a training run sees few shapes), and the operations run
 on the integers in exact arithmetic (ints while divisions are exact, `Fraction` after), so `6/(1-3/4)` is exactly
 24. The grammar is Python's for these tokens (`+ - * /`, parentheses, integers without leading zeros; no `**`, `//`,
-implicit multiplication, names); unary signs only with `unary=True` (seed 000's rule, where `-2+8` is 6 as Python's
-`eval` gives it). `tests/test_rewards_countdown_property.py` and `tests/test_rewards_countdown_seed000.py` check it
-against Python's own parser on every shape up to 6 characters and on random text.
+implicit multiplication, names); unary signs only with `unary=True` (Assignment 2's rule, where `-2+8` is 6 as Python's
+`eval` gives it). `tests/test_rewards_countdown_property.py` and `tests/test_rewards_countdown_single_equation.py`
+check it against Python's own parser on every shape up to 6 characters and on random text.
 """
 
 from __future__ import annotations

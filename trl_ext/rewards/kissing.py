@@ -1,8 +1,8 @@
-"""Kissing configurations (seed 002, section 7): exact verifier, sandboxed program runner, and a reward for TRL.
+"""Kissing configurations (NLPDL HW3, section 7): exact verifier, sandboxed program runner, and a reward for TRL.
 
 The task: a set C of nonzero integer vectors in Z^d with `min_{x != y} |x - y| >= max_x |x|`. Then the unit spheres
 centred at `2x/|x|` touch the central unit sphere and overlap none of each other, so the kissing number tau_d is at
-least |C|. Score = |C| when valid, else 0. In dimension 11 the seed quotes 595 <= tau_11 <= 870.
+least |C|. Score = |C| when valid, else 0. In dimension 11 NLPDL HW3 quotes 595 <= tau_11 <= 870.
 
 Pipeline of the reward: completion -> last fenced Python block -> sandbox (`run_points_program`, the program's global
 `points` comes back as JSON data) -> `verify_kissing_configuration` (integer arithmetic only) -> `|C| / 595` when
@@ -31,7 +31,7 @@ __all__ = [
     "verify_kissing_configuration",
 ]
 
-# (best known lower bound, upper bound) on tau_11, as quoted by seed 002.
+# (best known lower bound, upper bound) on tau_11, as quoted by NLPDL HW3.
 KISSING_BOUNDS = {11: (595, 870)}
 MAX_POINTS = 10_000  # beyond this the O(n^2) check is refused (tau_11 <= 870 anyway)
 _BLOCK_ENTRIES = 1 << 22  # pairwise entries per chunk: 32 MiB of int64
@@ -177,7 +177,7 @@ def _valid(n: int, dimension: int, min_dist: int | None, max_norm: int) -> dict:
 
 
 def kissing_score(result: dict) -> int:
-    """The seed's score: |C| for a valid configuration, else 0."""
+    """The course's score: |C| for a valid configuration, else 0."""
     return int(result["num_points"]) if result.get("validity") == 1.0 else 0
 
 
@@ -284,7 +284,7 @@ class KissingReward:
 
     Args:
         dimension: vector dimension when the batch has no `dimension` column.
-        scale: |C| that earns reward 1 (595: the best known tau_11 the seed quotes).
+        scale: |C| that earns reward 1 (595: the best known tau_11 NLPDL HW3 quotes).
         format_weight: reward for a program that ran and defined `points` as a list.
         time_limit_s: wall-clock limit per program.
         workers: programs run at once.

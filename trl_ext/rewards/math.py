@@ -1,6 +1,6 @@
-r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (seeds 001-003).
+r"""MATH and GSM8K answer grading and the R1-Zero / question-only rewards (NYU Assignment 3, NLPDL HW3 and CS336 A5).
 
-This is the project's own grader, not CS336 A5's `drgrpo_grader` that the seeds name: the rewards keep that file's
+This is the project's own grader, not CS336 A5's `drgrpo_grader` that the courses name: the rewards keep that file's
 function names, format rules and reward dicts, and decide equality by the stages below. docs/rewards.md gives how
 often the two agree on real answers (`benchmarks/bench_grader_agreement.py` measures it, given the course's file).
 

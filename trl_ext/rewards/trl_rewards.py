@@ -88,24 +88,24 @@ class CountdownReward:
 
     Args:
         require_all: every given number must be used exactly once (default: the rule the prompts state);
-            False: each at most once (seed 000's `validate_numbers`), named `countdown_reward_at_most_once`.
-        seed000: seed 000's whole rule (`trl_ext.rewards.countdown`: one equation, unary signs allowed, numbers at
-            most once), named `countdown_reward_seed000`; `require_all` does not apply.
+            False: each at most once (Assignment 2's `validate_numbers`), named `countdown_reward_at_most_once`.
+        single_equation: Assignment 2's whole rule (`trl_ext.rewards.countdown`: one equation, unary signs allowed,
+            numbers at most once), named `countdown_reward_single_equation`; `require_all` does not apply.
         binary: 1.0 for a correct answer, else 0.0 (no 0.1 for a tagged wrong answer: the verified 1 / 0 reward of
-            seed 001's section 6.3); `_binary` is appended to the name. The components are the same.
+            NYU Assignment 3's section 6.3); `_binary` is appended to the name. The components are the same.
     """
 
     __name__ = "countdown_reward"
 
-    def __init__(self, require_all: bool | None = None, seed000: bool = False, binary: bool = False) -> None:
-        for name, value in (("require_all", require_all), ("seed000", seed000), ("binary", binary)):
+    def __init__(self, require_all: bool | None = None, single_equation: bool = False, binary: bool = False) -> None:
+        for name, value in (("require_all", require_all), ("single_equation", single_equation), ("binary", binary)):
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        self.require_all = resolve_number_rule(require_all, seed000)
-        self.seed000 = seed000
+        self.require_all = resolve_number_rule(require_all, single_equation)
+        self.single_equation = single_equation
         self.binary = binary
-        if seed000:
-            self.__name__ = "countdown_reward_seed000"
+        if single_equation:
+            self.__name__ = "countdown_reward_single_equation"
         elif not self.require_all:
             self.__name__ = "countdown_reward_at_most_once"
         if binary:
@@ -124,9 +124,9 @@ class CountdownReward:
 
     def __call__(self, completions: list, log_metric=None, log_extra=None, **columns) -> list[float]:
         truths = self.ground_truths(len(completions), columns)  # bad data fails before any scoring
-        require_all, seed000 = self.require_all, self.seed000
+        require_all, single_equation = self.require_all, self.single_equation
         codes = [
-            score_code(c if type(c) is str else completion_text(c), numbers, target, require_all, seed000)
+            score_code(c if type(c) is str else completion_text(c), numbers, target, require_all, single_equation)
             for c, (numbers, target) in zip(completions, truths, strict=True)
         ]
         if log_metric is not None or log_extra is not None:
@@ -135,7 +135,7 @@ class CountdownReward:
         return [float(c == CORRECT) for c in codes] if self.binary else [REWARDS[c] for c in codes]
 
     def __repr__(self) -> str:
-        rule = "seed000=True" if self.seed000 else f"require_all={self.require_all}"
+        rule = "single_equation=True" if self.single_equation else f"require_all={self.require_all}"
         return f"CountdownReward({rule}{', binary=True' if self.binary else ''})"
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trl_ext.run_logs import find_trainer_state
+from trl_ext.reporting.run_logs import find_trainer_state
 from trl_ext.run_status import read_status
 
 

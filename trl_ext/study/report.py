@@ -7,7 +7,7 @@ report.json, curves.png, lengths.png).
   held-out problems; the runs keep aggregate validation metrics only, no per-problem results): the mean difference,
   its t interval and the paired t-test's p (`scipy.stats.ttest_rel`).
 - Curves: per arm the mean over seeds with a band from the lowest to the highest seed, by optimizer step and by
-  wall clock (`trl_ext.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
+  wall clock (`trl_ext.reporting.run_logs`'s rebuilt clock, on a common grid by linear interpolation).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
@@ -15,15 +15,14 @@ report.json, curves.png, lengths.png).
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from trl_ext.run_logs import load_run, metric_key, series
+from trl_ext.reporting.figures import pyplot, save
+from trl_ext.reporting.run_logs import band, last_value, load_run
 from trl_ext.study.progress import is_finished
 from trl_ext.study.spec import DEFAULT_METRICS, Study
 
@@ -67,17 +66,6 @@ def paired(values: dict[int, float], reference: dict[int, float]) -> dict:
     return out
 
 
-def final_value(history: list[dict], pattern: str) -> float | None:
-    """The last logged number of the first key matching `pattern`."""
-    for entry in reversed(history):
-        for key in sorted(entry):
-            value = entry[key]
-            if fnmatch.fnmatch(key, pattern) and isinstance(value, int | float) and not isinstance(value, bool):
-                if not math.isnan(value):
-                    return float(value)
-    return None
-
-
 def completion_lengths(run_dir: Path) -> dict[int, dict[str, list[int]]]:
     """`{step: {"correct": [chars], "incorrect": [chars]}}` from the run's `rollouts.jsonl` (module docstring)."""
     path = run_dir / "rollouts.jsonl"
@@ -108,7 +96,7 @@ def collect(study: Study) -> dict:
             log = load_run(folder)
             seeds[seed] = {
                 "folder": str(folder),
-                "metrics": {m: final_value(log.history, m) for m in study.metrics},
+                "metrics": {m: last_value(log.history, m) for m in study.metrics},
                 "log": log,
                 "lengths": completion_lengths(folder),
             }
@@ -128,42 +116,18 @@ def collect(study: Study) -> dict:
                 for kind in lengths:
                     lengths[kind] += per_step[kind]
         entry["mean_length_chars"] = {k: (float(np.mean(v)) if v else None) for k, v in lengths.items()}
-        entries = [final_value(d["log"].history, "entropy") for d in seeds.values()]
+        entries = [last_value(d["log"].history, "entropy") for d in seeds.values()]
         entry["final_entropy"] = mean_ci([e for e in entries if e is not None])
-        walls = {s: final_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
+        walls = {s: last_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
         entry["wall_clock_s"] = {**mean_ci([w for w in walls.values() if w is not None]), "per_seed": walls}
         summary["arms"][name] = entry
     return {"summary": summary, "raw": arms}
 
 
-def _band(runs: list, key_pattern: str, axis: str, points: int = 50):
-    """(x grid, mean, low, high) of a metric over a set of runs on a common x grid (linear interpolation)."""
-    curves = []
-    for log in runs:
-        key = metric_key(log, [key_pattern])
-        if key is None:
-            continue
-        xs, values = series(log, key)
-        pairs = [(x[axis], v) for x, v in zip(xs, values, strict=True) if x[axis] is not None]
-        if pairs:
-            curves.append(pairs)
-    if not curves:
-        return None
-    end = min(max(x for x, _ in c) for c in curves)
-    start = max(min(x for x, _ in c) for c in curves)
-    if end < start:
-        return None
-    grid = np.linspace(start, end, points) if end > start else np.array([start])
-    stacked = np.array([np.interp(grid, [x for x, _ in c], [v for _, v in c]) for c in curves])
-    return grid, stacked.mean(0), stacked.min(0), stacked.max(0)
-
-
 def plot(study: Study, data: dict, folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """`curves.png` (per arm and panel the mean over seeds, and the band from the lowest to the highest seed, by
+    optimizer step and by wall clock) and, when the runs logged example rollouts, `lengths.png`; returns the paths."""
+    plt = pyplot()
     raw = data["raw"]
     paths = []
     panels = curves_of(study)
@@ -172,10 +136,10 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
         for col, axis in enumerate(("step", "wall_clock")):
             ax = axes[row][col]
             for arm, seeds in raw.items():
-                band = _band([d["log"] for d in seeds.values()], key, axis)
-                if band is None:
+                curve = band([d["log"] for d in seeds.values()], key, axis)
+                if curve is None:
                     continue
-                grid, mean, low, high = band
+                grid, mean, low, high = curve
                 (line,) = ax.plot(grid, mean, label=f"{arm} ({len(seeds)} seeds)")
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
             ax.set_title(f"{title} by {'step' if axis == 'step' else 'wall clock'}")
@@ -183,9 +147,7 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
             if ax.lines:
                 ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(folder / "curves.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save(fig, folder / "curves.png", dpi=90))
 
     lengths_png = folder / "lengths.png"
     lengths_png.unlink(missing_ok=True)  # a figure from an earlier report would outlive the data it drew
@@ -207,9 +169,7 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
         if ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(lengths_png)
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save(fig, lengths_png, dpi=90))
     return paths
 
 

@@ -1,7 +1,7 @@
 """The study file: arms (a recipe YAML plus overrides in the recipe CLI's spelling) x seeds, a reference arm, the
 metrics to compare. Pure: reads YAML, checks every field, names the file and field of a mistake.
 
-    name: seed002_ablations
+    name: gsm8k_qwen3_0.6b_ablations
     script: recipes/gsm8k.py                      # default: recipes/<the first arm's YAML folder>.py
     accelerate_config: accelerate_configs/vllm_server_gpu0_train_gpu1.yaml
     seeds: [0, 1, 2]
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from trl_ext.recipes.arguments import recipe_script
 
 #: The recipes' validation accuracy (the answer reward without the format bonus), as `trl-ext plot` draws it.
 DEFAULT_METRICS = ("eval_rewards/*/answer_reward",)
@@ -123,8 +125,9 @@ def _file(value, where: str) -> Path:
 
 
 def default_script(recipe: Path) -> Path:
-    """`recipes/<folder>.py` for `recipes/<folder>/<x>.yaml` (the recipe scripts sit beside their YAML folders)."""
-    return recipe.parent.parent / f"{recipe.parent.name}.py"
+    """The entry point beside the folder of `recipes/<folder>/<x>.yaml` (`recipes/<folder>.py`; `recipes/math_grpo.py`
+    for `recipes/math/`: `trl_ext.recipes.recipe_script`)."""
+    return recipe.parent.parent / recipe_script(recipe.parent.name)
 
 
 def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:

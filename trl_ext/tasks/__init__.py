@@ -19,7 +19,7 @@ from typing import Any
 from trl_ext.tasks._io import RowError
 from trl_ext.tasks.countdown import (
     COUNTDOWN_QUESTION,
-    SEED001_COUNTDOWN_QUESTION,
+    NYU_A3_COUNTDOWN_QUESTION,
     compact_completion,
     compact_prompt,
     countdown_key,
@@ -68,7 +68,7 @@ __all__ = [
     "AUTO",
     "CHAT_PROMPTS",
     "COUNTDOWN_QUESTION",
-    "SEED001_COUNTDOWN_QUESTION",
+    "NYU_A3_COUNTDOWN_QUESTION",
     "PROMPTS",
     "TASKS",
     "RowError",

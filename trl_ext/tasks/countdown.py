@@ -23,20 +23,21 @@ COUNTDOWN_QUESTION = (
     "Using the numbers {numbers}, create an equation that equals {target}. "
     "You can use basic arithmetic operations (+, -, *, /) and each number can only be used once."
 )
-#: Seed 001's question (section 5, as it prints its prompt), used by its `countdown` prompt: "in the list", and the
+#: NYU Assignment 3's question (section 5, as it prints its prompt), used by its `countdown` prompt: "in the list", and
+# the
 #: constraint on a line of its own (the template puts "Your solution ..." on the next).
-SEED001_COUNTDOWN_QUESTION = (
+NYU_A3_COUNTDOWN_QUESTION = (
     "Using the numbers in the list {numbers}, create an equation that equals {target}.\n"
     "You can use basic arithmetic operations (+, -, *, /) and each number can only be used once."
 )
 
 
 def countdown_question(nums: Sequence[int], target: int, prompt: str = DEFAULT_PROMPT) -> str:
-    """The question for prompt `prompt`: seed 001's for `countdown` (`"Using the numbers in the list [3, 5, 2], create
-    an equation that equals 8.\nYou can use ..."`), TinyZero's for the others (`"Using the numbers [3, 5, 2], create
-    an equation that equals 8. You can use ..."`)."""
+    """The question for prompt `prompt`: NYU Assignment 3's for `countdown` (`"Using the numbers in the list [3, 5, 2],
+    create an equation that equals 8.\nYou can use ..."`), TinyZero's for the others (`"Using the numbers [3, 5, 2],
+    create an equation that equals 8. You can use ..."`)."""
     numbers = str([int(x) for x in nums])  # numpy ints from parquet would print as np.int64(3)
-    template = SEED001_COUNTDOWN_QUESTION if prompt == "countdown" else COUNTDOWN_QUESTION
+    template = NYU_A3_COUNTDOWN_QUESTION if prompt == "countdown" else COUNTDOWN_QUESTION
     return template.replace("{numbers}", numbers).replace("{target}", str(int(target)))
 
 
@@ -53,8 +54,8 @@ def compact_completion(expression: str) -> str:
 def countdown_prompt(
     nums: Sequence[int], target: int, prompt: str = DEFAULT_PROMPT, chat: bool = False
 ) -> str | list[dict[str, str]]:
-    """The prompt for one problem: `compact` renders the numbers directly, `countdown` seed 001's question, the others
-    TinyZero's question."""
+    """The prompt for one problem: `compact` renders the numbers directly, `countdown` NYU Assignment 3's question, the
+    others TinyZero's question."""
     if prompt not in PROMPT_NAMES:
         raise ValueError(f"unknown Countdown prompt {prompt!r}; valid prompts: {', '.join(PROMPT_NAMES)}")
     if prompt == "compact":
@@ -175,7 +176,7 @@ def load_countdown(
 
 __all__ = [
     "COUNTDOWN_QUESTION",
-    "SEED001_COUNTDOWN_QUESTION",
+    "NYU_A3_COUNTDOWN_QUESTION",
     "DEFAULT_HUB_ID",
     "PROMPT_NAMES",
     "RowError",

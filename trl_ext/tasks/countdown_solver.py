@@ -8,7 +8,7 @@ distinct values its expressions reach, each with one way to build it (the most n
 intermediates); a subset's values are all `a op b` with `a` and `b` from the two halves of a split. Arithmetic is
 exact (`int`, `Fraction` after an inexact division), so `6/(1-3/4) = 24` counts and float round-off never fakes a
 solution. Solutions that use ALL numbers come first (TinyZero's rule); only when none exists does it return one over
-the largest subset that reaches the target (the seeds' sub-multiset rule), else None. For the full set it never
+the largest subset that reaches the target (the courses' sub-multiset rule), else None. For the full set it never
 enumerates the last combination: for each value `a` of one half it looks the needed partner (`t - a`, `a - t`,
 `t + a`, `t / a`, `a / t`, `t * a`) up in the other half's table. Up to 4 numbers this takes about 1 ms a problem.
 """

@@ -1,4 +1,4 @@
-"""Kissing-configuration task (seed 002, section 7): one open problem, asked as often as training needs.
+"""Kissing-configuration task (NLPDL HW3, section 7): one open problem, asked as often as training needs.
 
 Every row is the same request: write a Python program defining `points`, a large kissing configuration in
 dimension d (default 11). There is no ground truth; the `kissing` reward scores the program in the sandbox with
@@ -16,20 +16,20 @@ __all__ = ["ANSWER_FORMAT", "KISSING_PROMPT", "kissing_prompt", "load_kissing"]
 PROMPT_NAMES = ("kissing",)
 DEFAULT_ROWS = 1024
 
-# Seed 002's baseline prompt (section 7.4) in its own words, the dimension filled in (the seed's is 11); the test pins
-# it to the text typed from the seed (tests/data/seed_prompts/seed002_kissing_baseline.txt).
+# NLPDL HW3's baseline prompt (section 7.4) in its own words, the dimension filled in (the course's is 11); the test
+# pins it to the text typed from the assignment (tests/data/course_prompts/nlpdl_hw3_kissing_baseline.txt).
 KISSING_PROMPT = (
     "I need to find a set of integer vectors C in {dimension} dimensions such that 0 is not in C and "
     "$\\min_{{x \\neq y \\in C}} \\|x - y\\| \\geq \\max_{{x \\in C}} \\|x\\|$. My score is the number of vectors "
     "in C. Please write a Python program that defines a global variable `points` as a list of such vectors."
 )
-# The one sentence of ours after the seed's prompts: the reward and the discovery loop read the program from a fenced
-# block (`trl_ext.rewards.kissing.extract_program`), which the seed's words do not ask for.
+# The one sentence of ours after the course's prompts: the reward and the discovery loop read the program from a fenced
+# block (`trl_ext.rewards.kissing.extract_program`), which the course's words do not ask for.
 ANSWER_FORMAT = "Reply with the complete program in one ```python code block."
 
 
 def kissing_prompt(dimension: int = 11) -> str:
-    """The task: seed 002's baseline prompt for `dimension`, then `ANSWER_FORMAT` on a line of its own."""
+    """The task: NLPDL HW3's baseline prompt for `dimension`, then `ANSWER_FORMAT` on a line of its own."""
     return f"{KISSING_PROMPT.format(dimension=dimension)}\n\n{ANSWER_FORMAT}"
 
 

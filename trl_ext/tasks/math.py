@@ -51,8 +51,8 @@ def load_math(
     Args:
         source: local `.jsonl` with `problem` (or `question`) and `answer`, a `datasets.Dataset`, or a Hub id.
             Default: `hiyouga/math12k` for split `train`, `HuggingFaceH4/MATH-500` for any other split. Prime
-            Intellect's SFT traces (`messages` with one user turn, `ground_truth`: seed 001's SFT test set) load as
-            the user turn's question and the `ground_truth` answer.
+            Intellect's SFT traces (`messages` with one user turn, `ground_truth`: NYU Assignment 3's SFT test set)
+            load as the user turn's question and the `ground_truth` answer.
         split: Hub split.
         prompt: `r1_zero`, `question_only` or `intellect` (a system prompt; see `trl_ext.tasks.prompts`).
         chat: chat messages instead of plain text.
@@ -87,7 +87,8 @@ def load_math(
     extras = [name for name in EXTRA_COLUMNS if rows and name in rows[0][1]]
 
     def convert(row: dict) -> dict:
-        if "messages" in row:  # Prime Intellect's traces (seed 001's SFT test set): the user turn, `ground_truth`
+        # Prime Intellect's traces (NYU Assignment 3's SFT test set): the user turn, `ground_truth`
+        if "messages" in row:
             question = as_text(_user_turn(row["messages"]), "messages")
             answer = as_text(first_field(row, ("ground_truth",)), "ground_truth")
         else:

@@ -1,8 +1,8 @@
-"""Prompt templates of the seeds, shipped with the package.
+"""Prompt templates of the courses, shipped with the package.
 
-Four templates are the seed files in `trl_ext/tasks/prompts/*.prompt`, loaded verbatim through importlib.resources:
-`r1_zero`, `question_only`, `countdown` (seed 001), `intellect` (a system prompt, no placeholder). Two live here as
-code because no file exists for them: `tinyzero` (the TinyZero / seed 000 Countdown prompt, character for
+Four templates are the course files in `trl_ext/tasks/prompts/*.prompt`, loaded verbatim through importlib.resources:
+`r1_zero`, `question_only`, `countdown` (NYU Assignment 3), `intellect` (a system prompt, no placeholder). Two live
+here as code because no file exists for them: `tinyzero` (the TinyZero / Assignment 2 Countdown prompt, character for
 character the text in TinyZero's preprocessed parquet) and `compact` (the tiny CPU demo's `"[14, 1, 10] -> 5 :"`).
 
 Placeholders are `{question}` (and `{numbers}`, `{target}` for `compact`). They are filled with `str.replace`, never
@@ -16,7 +16,7 @@ dropped there:
 |---|---|---|
 | r1_zero | the template, ends with `Assistant: <think>` | user: the template without `\\nAssistant: <think>` |
 | question_only | `{question}` | user: the question |
-| countdown | the seed 001 template | user: the same text |
+| countdown | the NYU Assignment 3 template | user: the same text |
 | intellect | the system prompt, a blank line, the question | system: the prompt; user: the question |
 | tinyzero | TinyZero's base-model template | user: TinyZero's user text (question and tag instruction) |
 | compact | `{numbers} -> {target} :` | user: the same text |

@@ -19,8 +19,9 @@ One batch is requested ahead at a time, so a sample is never more than `m` steps
 next batch's prompts come from TRL's own dataloader, read one generation batch ahead (`get_batch_samples`), so the
 async run trains on the same prompts in the same order as the synchronous one; the first batch of each epoch is
 generated synchronously (the next epoch's iterator does not exist yet). Only the main process's HTTP request runs in
-the background (`trl_ext.grpo.rollouts.rollout_worker`); gathering the prompts and broadcasting the answer and its
-version are collectives and stay on the main thread, in the same order on every process.
+the background (`trl_ext.grpo.vllm.replay`, answered through `TrlExtVLLMClient._post`); gathering the prompts and
+broadcasting the answer and its version are collectives and stay on the main thread, in the same order on every
+process.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections import deque
 
 import torch
 
-from trl_ext.grpo.rollouts.rollout_worker import COMPLETIONS_ENDPOINT, install_replay, is_stale, next_payload
+from trl_ext.grpo.vllm.replay import COMPLETIONS_ENDPOINT, is_stale, next_payload, replay_for
 from trl_ext.preflight.batch import batch_error, whole_optimizer_steps
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ def check_trainer_inputs(kwargs: dict) -> None:
 
 
 class _Rollouts:
-    """Per-trainer state: the dataloader read ahead, the version of the last batch, the main process's replay."""
+    """Per-trainer state: the dataloader read ahead, the version of the last batch, the main process's replay (also
+    its vLLM client's `replay`, which answers the completions request sent ahead)."""
 
     def __init__(self, trainer):
         args = trainer.args
@@ -131,10 +133,11 @@ class _Rollouts:
         self.requested = None  # micro-step of the generation batch last requested ahead
         self.version: int | None = None  # policy version of the last training generation (every process)
         self.unlogged = (0.0, 0.0)  # (waited, pushed) seconds of a mid-batch push, logged with the next generation
-        self.layer = None
+        self.replay = None
         if trainer.accelerator.is_main_process:
-            self.layer = install_replay(
-                trainer.vllm_generation.vllm_client,
+            client = trainer.vllm_generation.vllm_client
+            self.replay = client.replay = replay_for(
+                client,
                 is_training=lambda: trainer.model.training,
                 server_version=lambda: trainer._last_loaded_step,
                 stale=lambda version: is_stale(version, trainer.state.global_step, self.staleness),
@@ -150,10 +153,10 @@ class AsyncRolloutsMixin:
     """`AblationGRPOTrainer`'s asynchronous rollouts: generation batches requested one ahead from the vLLM server
     (module docstring). Active only when `args.async_rollouts` is true.
 
-    Installed by `AblationGRPOTrainer` (its `_install_behaviours` lists every behaviour in its order): the trainer
+    Installed by `AblationGRPOTrainer` (its `_install_behaviours` lists what it changes in order): the trainer
     refuses with `check_trainer_inputs` what cannot be replayed before TRL loads the model, then
-    `_install_async_rollouts` puts the replay layer under the vLLM client's `_post`, before any other wrapper of it (it
-    must be the innermost), and the trainer's scoring of one generation batch calls `_tag_policy_version`. The TRL
+    `_install_async_rollouts` gives the vLLM client (`TrlExtVLLMClient`) its `replay`, which its `_post` consults
+    before TRL's, and the trainer's scoring of one generation batch calls `_tag_policy_version`. The TRL
     methods changed here, each only here: `train` (waits for a request still in flight at the end),
     `get_batch_samples` (reads the dataloader one generation batch ahead), `_prepare_inputs` (requests the next batch
     mid-batch when `max_staleness < m`), `_generate_single_turn` (waits for the server to be idle before a weight
@@ -163,8 +166,7 @@ class AsyncRolloutsMixin:
     _rollouts: _Rollouts | None = None  # the state of an active run; None when `async_rollouts` is off
 
     def _install_async_rollouts(self) -> None:
-        """The per-run state and, on the main process, the replay layer under the client's `_post` (after TRL built
-        the client, before any other wrapper of `_post`)."""
+        """The per-run state and, on the main process, the replay of the vLLM client (after TRL built the client)."""
         if self.args.async_rollouts:
             self._rollouts = _Rollouts(self)
 
@@ -172,8 +174,8 @@ class AsyncRolloutsMixin:
         try:
             return super().train(*args, **kwargs)
         finally:
-            if self._rollouts is not None and self._rollouts.layer is not None:
-                self._rollouts.layer.worker.drop()  # the server ends the request it is running; nothing uses it
+            if self._rollouts is not None and self._rollouts.replay is not None:
+                self._rollouts.replay.worker.drop()  # the server ends the request it is running; nothing uses it
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         state = self._rollouts
@@ -241,8 +243,8 @@ class AsyncRolloutsMixin:
 
         from trl.extras.profiling import profiling_context
 
-        layer = self._rollouts.layer
-        waited = layer.worker.wait() if layer is not None else 0.0
+        replay = self._rollouts.replay
+        waited = replay.worker.wait() if replay is not None else 0.0
         started = time.perf_counter()
         with profiling_context(self, "sync_weights"):
             self.vllm_generation.sync_weights()
@@ -252,11 +254,11 @@ class AsyncRolloutsMixin:
     def _record_generation(self, waited: float, pushed: float) -> None:
         """Every process learns the version of the batch just generated (the main process's answer); metrics."""
         state = self._rollouts
-        served = state.layer.served if state.layer is not None else None
+        served = state.replay.served if state.replay is not None else None
         record = None
         if served is not None:
             record = (served.version, served.prefetched, served.generate_seconds, served.wait_seconds)
-            record += (state.layer.discarded,)
+            record += (state.replay.discarded,)
         if self.accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -298,13 +300,13 @@ class AsyncRolloutsMixin:
         prompts = copy.deepcopy([row["prompt"] for row in rows])
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         every_prompt = gather_object(prompt_ids) if self.accelerator.num_processes > 1 else list(prompt_ids)
-        layer = state.layer
-        if layer is None or layer.template is None:
+        replay = state.replay
+        if replay is None or replay.template is None:
             return
         client = self.vllm_generation.vllm_client
-        dropped = layer.worker.drop()
+        dropped = replay.worker.drop()
         if dropped is not None:
-            layer.discarded += 1
+            replay.discarded += 1
             logger.warning("async rollouts: a batch requested ahead was never asked for; dropped it")
-        payload = next_payload(layer.template, every_prompt[:: self.num_generations])
-        layer.worker.submit(f"{client.base_url}{COMPLETIONS_ENDPOINT}", payload, self._last_loaded_step)
+        payload = next_payload(replay.template, every_prompt[:: self.num_generations])
+        replay.worker.submit(f"{client.base_url}{COMPLETIONS_ENDPOINT}", payload, self._last_loaded_step)

@@ -132,30 +132,26 @@ def draw_prompt_indices(num_rows: int, num_prompts: int, group_size: int, seed: 
 class DynamicSamplingMixin:
     """`AblationGRPOTrainer`'s dynamic sampling (module docstring): one generation batch built from several of TRL's.
 
-    Installed by `AblationGRPOTrainer` (`trl_ext/grpo/trainer.py`, which lists every behaviour in its order): it
-    checks the training set with `check_train_dataset` before TRL loads the model, and its
+    Part of `AblationGRPOTrainer` (`trl_ext/grpo/trainer.py`, whose `_install_behaviours` lists what it changes in
+    order): it checks the training set with `check_train_dataset` before TRL loads the model, and its
     `_generate_and_score_completions` calls `_sample_dynamically` with its own scoring of one generation batch when
-    `_samples_dynamically()`. The only TRL method changed here is `_calculate_rewards` (it keeps the gathered rewards
-    of each generation batch in `self._gathered_rewards`, which the trainer computes the advantages from, so
-    batch-level statistics cover the trained groups).
+    `_samples_dynamically()`, then computes the advantages from the rewards of the built batch's groups, so
+    batch-level statistics cover the trained groups. No TRL method is changed here.
     """
 
-    _gathered_rewards: torch.Tensor | None = None  # (N_global, n_funcs) of the last generation batch
     _prompt_source = None  # the training set extra prompts are drawn from, TRL's unused columns removed
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._gathered_rewards = rewards_per_func  # (N_global, n_funcs), every process's completions
-        return rewards_per_func
 
     def _samples_dynamically(self) -> bool:
         """Dynamic sampling builds this generation batch: `dynamic_sampling` on and the model training."""
         return bool(getattr(self.args, "dynamic_sampling", False)) and self.model.training
 
-    def _sample_dynamically(self, inputs, score: Callable[[list], dict]) -> dict:
-        """One generation batch of varied groups: `score(inputs)` (one of TRL's generation batches, scored) repeated
-        over fresh prompts until enough groups were kept or `max_generation_batches` were generated, then this
-        process's slice of the batch made of the chosen groups (steps 1 to 5 of the module docstring)."""
+    def _sample_dynamically(
+        self, inputs, score: Callable[[list], tuple[dict, torch.Tensor]]
+    ) -> tuple[dict, torch.Tensor]:
+        """One generation batch of varied groups: `score(inputs)` (one of TRL's generation batches, scored, and its
+        gathered rewards `(N_global, n_funcs)`) repeated over fresh prompts until enough groups were kept or
+        `max_generation_batches` were generated, then this process's slice of the batch made of the chosen groups
+        (steps 1 to 5 of the module docstring) and the rewards of every process's rows of it."""
         args, group = self.args, self.num_generations
         target = args.generation_batch_size // group
         shaping = [bool(getattr(func, "shaping", False)) for func in self.reward_funcs]
@@ -164,8 +160,7 @@ class DynamicSamplingMixin:
         for index in range(args.max_generation_batches):
             if index > 0:
                 inputs = self._draw_inputs(index)
-            output = score(inputs)
-            rewards = self._gathered_rewards
+            output, rewards = score(inputs)
             batches.append(self._gather_batch(output, rewards, self._take_logs()))
             uniform.append(uniform_groups(filter_signal(rewards, self.reward_weights, shaping), group))
             kept += int((~uniform[-1]).sum())
@@ -221,8 +216,9 @@ class DynamicSamplingMixin:
             tensors[key] = tensor
         return {"tensors": tensors, "rewards": rewards, "logs": logs}
 
-    def _build_batch(self, batches: list[dict], chosen: list[int], group: int) -> dict:
-        """This process's slice of the training batch made of the `chosen` groups (indices into all batches)."""
+    def _build_batch(self, batches: list[dict], chosen: list[int], group: int) -> tuple[dict, torch.Tensor]:
+        """This process's slice of the training batch made of the `chosen` groups (indices into all batches), and the
+        gathered rewards `(N_global, n_funcs)` of every process's rows of it."""
         rows = [g * group + j for g in chosen for j in range(group)]
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         local = len(rows) // world
@@ -239,11 +235,10 @@ class DynamicSamplingMixin:
         masks = [loss_mask(b["tensors"]) for b in batches]
         counts = torch.cat([m.sum(dim=1) for m in masks])[everyone.to(masks[0].device)]
         output["num_items_in_batch"] = counts.sum()
-        # AblationGRPOTrainer recomputes the advantages from the trained groups' rewards (N_global, n_funcs).
-        self._gathered_rewards = torch.cat([b["rewards"] for b in batches])[everyone.to(batches[0]["rewards"].device)]
+        rewards = torch.cat([b["rewards"] for b in batches])[everyone.to(batches[0]["rewards"].device)]
         sizes = [b["tensors"]["completion_ids"].size(0) for b in batches]
         self._restore_logs([b["logs"] for b in batches], sizes, rows)
-        return output
+        return output, rewards
 
     def _restore_logs(self, logs: list[dict], sizes: list[int], rows: list[int]) -> None:
         """Refill TRL's completion-table buffers with the trained rows (prompt, completion, rewards, advantage)."""

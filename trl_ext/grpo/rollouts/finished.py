@@ -11,21 +11,23 @@ with its last token (vLLM stops as soon as the text holds a stop string, `vllm/v
 `check_stop_strings`; the token ids keep the stop string's tokens whether or not `include_stop_str_in_output`
 keeps its text). Only a completion cut at `max_completion_length` (or the model's context) is truncated.
 
-`FinishedCompletionsMixin` (installed by `AblationGRPOTrainer`, whose `_install_behaviours` lists every behaviour in
-its order):
+`FinishedCompletionsMixin` (part of `AblationGRPOTrainer`, whose `_install_behaviours` lists what it changes in
+order):
 
-- `_install_finish_reasons`: installs `trl_ext.grpo.rollouts.finish_reasons` on the trainer's vLLM objects (no-op
-  without vLLM);
-- `_generate` (the one TRL method changed here): recomputes the four metrics TRL just logged from its rule (clipped
-  ratio, mean / min / max terminated length) over every process's completions;
-- `_masks_truncated_itself` / `_mask_truncated`, around TRL's `_generate_and_score_completions` in the trainer's
-  scoring of one generation batch: with `mask_truncated_completions`, TRL's runs with its masking off and the loss
-  mask (`completion_mask`, `tool_mask`) of the truncated completions only is zeroed, and `num_items_in_batch`
-  recounted as TRL counts it. TRL's old / reference log-probs of the masked rows then come from an unmasked attention
-  (TRL's from a masked one); they multiply a zero mask either way.
+- `_generate` (the one TRL method changed here): TRL's, then which of this process's completions finished
+  (`_finished`) and their lengths;
+- `_finished_metrics`: the four metrics TRL logged from its own rule in `_generate` (clipped ratio, mean / min / max
+  terminated length), recomputed over every process's completions; the trainer writes them in place of TRL's
+  (`AblationGRPOTrainer._log_over_trl`, the one place that replaces a value TRL logged);
+- `_truncation_mask_is_ours` (decided once, when the trainer is built) and `_mask_truncated`: with
+  `mask_truncated_completions`, where TRL's rule would also mask the completions that stopped (vLLM, or stop
+  strings), TRL's trainer attribute `mask_truncated_completions` is set False for the run and, after TRL's scoring of
+  each generation batch, the loss mask (`completion_mask`, `tool_mask`) of the truncated completions only is zeroed,
+  and `num_items_in_batch` recounted as TRL counts it. TRL's old / reference log-probs of the masked rows then come
+  from an unmasked attention (TRL's from a masked one); they multiply a zero mask either way.
 
 With vLLM (server and colocate modes) vLLM's own `finish_reason` decides: "stop" (EOS, stop token, stop string) is
-finished, anything else ("length", "abort") truncated (`trl_ext.grpo.rollouts.finish_reasons` keeps what TRL drops).
+finished, anything else ("length", "abort") truncated (`trl_ext.grpo.vllm.finish_reasons` keeps what TRL drops).
 The token tail above is the fallback: the transformers backend, and vLLM completions TRL rewrote (tool calls,
 `rollout_func`). The tail cannot see a stop string that speculative decoding accepted tokens past, a special-token stop
 string decoded with `skip_special_tokens: false`, or an earlier match vLLM skipped inside `min_tokens`; vLLM's word
@@ -41,8 +43,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from trl_ext.grpo.rollouts.finish_reasons import install_finish_reasons, vllm_finish_reasons
 from trl_ext.grpo.rows import loss_mask
+from trl_ext.grpo.vllm.finish_reasons import vllm_finish_reasons
 
 
 def stop_strings(generation_kwargs: Mapping | None) -> tuple[str, ...]:
@@ -88,11 +90,15 @@ class FinishedCompletionsMixin:
     """`AblationGRPOTrainer`'s finished vs truncated completions (module docstring)."""
 
     _finished: torch.Tensor | None = None  # (B,) bool: this process's completions of the last `_generate` call
+    _finished_lengths: list[int] | None = None  # (B,) their lengths in tokens (TRL's, tool tokens left out)
 
-    def _install_finish_reasons(self) -> None:
-        """vLLM's finish reasons, recorded on `self.vllm_generation` (after TRL built it; no-op without vLLM)."""
-        if self.use_vllm:
-            install_finish_reasons(self.vllm_generation)
+    def _truncation_mask_is_ours(self) -> bool:
+        """Whether `mask_truncated_completions` is applied by `_mask_truncated` rather than by TRL: with vLLM or stop
+        strings, where TRL's rule would also mask the completions that stopped. Read once, by the trainer's
+        `__init__`, which then turns TRL's own masking off for the run."""
+        return bool(self.args.mask_truncated_completions) and bool(
+            self.use_vllm or stop_strings(self.args.generation_kwargs)
+        )
 
     def _generate(self, prompts):
         generation = self.vllm_generation if self.use_vllm else None
@@ -100,38 +106,39 @@ class FinishedCompletionsMixin:
             generation.finish_reasons = None  # a rollout_func generates without TRL's vLLM call: no stale record
         output = super()._generate(prompts)
         completion_ids, tool_mask = output[1], output[2]
-        stops = stop_strings(self.args.generation_kwargs)
         reasons = vllm_finish_reasons(generation, completion_ids)
-        device = self.accelerator.device
         if reasons is not None:
             finished = reasons.finished()
         else:  # the token tail; without stop strings this is TRL's rule
             eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
             decode = lambda ids: self._tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
-            finished = finished_completions(completion_ids, eos_and_pad, decode, stops)
-        self._finished = torch.tensor(finished, dtype=torch.bool, device=device)
-        if not (self.use_vllm or stops):
-            return output  # TRL's rule: its metrics stand (the condition is the same on every process)
-        # TRL logged these from its own rule just now; replace them, over every process's completions as TRL's.
-        lengths = [sum(mask) for mask in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
-        all_lengths = self.accelerator.gather(torch.tensor(lengths, device=device))
+            finished = finished_completions(
+                completion_ids, eos_and_pad, decode, stop_strings(self.args.generation_kwargs)
+            )
+        self._finished = torch.tensor(finished, dtype=torch.bool, device=self.accelerator.device)
+        self._finished_lengths = (
+            [sum(mask) for mask in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
+        )
+        return output
+
+    def _finished_metrics(self) -> dict[str, float]:
+        """The four metrics TRL's `_generate` logged for the last call (clipped ratio, mean / min / max terminated
+        length), by this module's rule over every process's completions; none where TRL's rule is this one (no vLLM,
+        no stop strings: the condition is the same on every process)."""
+        if not (self.use_vllm or stop_strings(self.args.generation_kwargs)):
+            return {}
+        device = self.accelerator.device
+        all_lengths = self.accelerator.gather(torch.tensor(self._finished_lengths, device=device))
         all_finished = self.accelerator.gather(self._finished)
         finished_lengths = all_lengths[all_finished].float()
         if finished_lengths.numel() == 0:
             finished_lengths = torch.zeros(1, device=device)
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        metrics["completions/clipped_ratio"][-1] = (~all_finished).float().mean().item()
-        metrics["completions/mean_terminated_length"][-1] = finished_lengths.mean().item()
-        metrics["completions/min_terminated_length"][-1] = finished_lengths.min().item()
-        metrics["completions/max_terminated_length"][-1] = finished_lengths.max().item()
-        return output
-
-    def _masks_truncated_itself(self) -> bool:
-        """Whether `mask_truncated_completions` is applied by `_mask_truncated` rather than by TRL: with vLLM or stop
-        strings, where TRL's rule would also mask the completions that stopped."""
-        return bool(self.mask_truncated_completions) and bool(
-            self.use_vllm or stop_strings(self.args.generation_kwargs)
-        )
+        return {
+            "completions/clipped_ratio": (~all_finished).float().mean().item(),
+            "completions/mean_terminated_length": finished_lengths.mean().item(),
+            "completions/min_terminated_length": finished_lengths.min().item(),
+            "completions/max_terminated_length": finished_lengths.max().item(),
+        }
 
     def _mask_truncated(self, output: dict) -> dict:
         """`output` (TRL's, scored with its own masking off) with the loss mask of the truncated completions zeroed

@@ -15,17 +15,14 @@ repacked from the new weights. One gap remains: a tied `lm_head` gets no weights
 (`dispatch_cpu_unquantized_gemm(..., remove_weight=False)` of the embedding) keeps the old logits weights;
 `sync_weights_cpu` repacks such layers from their (updated) weight afterwards.
 
-`install_colocate_weight_sync` also turns on the sampler fix of `trl_ext.vllm_cpu` in the colocated CPU engine.
-
-On GPUs nothing here runs: TRL's own sync is used.
+`trl_ext.grpo.vllm.generation.TrlExtVLLMGeneration.sync_weights` calls `sync_weights_cpu` for a colocated engine on
+vLLM's CPU platform; on GPUs nothing here runs: TRL's own sync is used. The vLLM workers of a server run the same
+repack after each update (`trl_ext.grpo.weight_sync.engine`). Imports nothing from vLLM.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterator
-
-from trl_ext.vllm_cpu import fix_engine_sampler
 
 
 def _named_params(vllm_generation) -> Iterator[tuple[str, object]]:
@@ -56,7 +53,7 @@ def repack_kept_weight_layers(model) -> int:
 def sync_weights_cpu(vllm_generation) -> None:
     """Push the trainer's current weights into a colocated vLLM engine on the CPU backend.
 
-    Replaces `VLLMGeneration.sync_weights` (colocate mode): the same parameters, named as TRL names them
+    In place of TRL's `VLLMGeneration.sync_weights` (colocate mode): the same parameters, named as TRL names them
     (FSDP / DeepSpeed gathering and PEFT merging are TRL's `_iter_named_params`), loaded through vLLM's layerwise
     reload instead of per-parameter `load_weights`; then the prefix cache is reset, as TRL does.
 
@@ -68,29 +65,3 @@ def sync_weights_cpu(vllm_generation) -> None:
     runner.reload_weights(weights_iterator=_named_params(vllm_generation))
     repack_kept_weight_layers(runner.model)
     llm.reset_prefix_cache()
-
-
-def install_colocate_weight_sync(trainer) -> bool:
-    """Give a GRPO trainer's colocated CPU vLLM engine a weight sync that works there, and the sampler fix of
-    `trl_ext.vllm_cpu` (TRL builds the engine without a way to pass `use_fp64_gumbel`: vLLM's compiled CPU sampler
-    was measured skipping half a vocabulary on AVX2 kernels); no-op in every other case.
-
-    Call after `GRPOTrainer.__init__` (which built `trainer.vllm_generation`). Imports nothing from vLLM unless the
-    trainer already built a colocated engine.
-
-    Args:
-        trainer: a `trl.GRPOTrainer` (or subclass).
-
-    Returns:
-        True when the sync was replaced and the sampler fixed (colocate mode on vLLM's CPU platform).
-    """
-    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    if generation is None or generation.mode != "colocate":
-        return False
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False
-    generation.sync_weights = types.MethodType(sync_weights_cpu, generation)
-    fix_engine_sampler(generation.llm)
-    return True

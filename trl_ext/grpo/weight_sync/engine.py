@@ -1,4 +1,4 @@
-"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.weight_sync.client` describes both sides): a
+"""The vLLM-worker side of the CPU weight transfer (`trl_ext.grpo.vllm.client` describes both sides): a
 weight-transfer engine that receives the trainer's tensors over gloo and loads them into the CPU engine's model.
 
 Loaded by vLLM's `WeightTransferEngineFactory` in a server started with

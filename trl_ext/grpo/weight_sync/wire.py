@@ -1,7 +1,7 @@
 """The wire of the CPU weight transfer: how the trainer's tensors travel to the vLLM server's workers over gloo.
 
 TRL 1.16 syncs a vLLM server with vLLM's NCCL weight-transfer engine, which needs a CUDA device; on the CPU both sides
-use this wire instead (`trl_ext.grpo.weight_sync.client`, the trainer's side; `trl_ext.grpo.weight_sync.engine`, each
+use this wire instead (`trl_ext.grpo.vllm.client`, the trainer's side; `trl_ext.grpo.weight_sync.engine`, each
 vLLM worker's). The trainer is rank 0 of a `ProcessGroupGloo` built from a `TCPStore` it hosts on `vllm_group_port`
 (the default group is never touched); each server worker is rank `1 + its rank`. Per sync the tensors are packed in
 metadata order into uint8 chunks of at most `chunk_bytes` (one tensor per chunk when larger) and broadcast; both sides
