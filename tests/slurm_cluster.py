@@ -30,9 +30,10 @@ ADDRESSES = {"nodea": "10.251.0.1", "nodeb": "10.251.0.2"}
 PREFIX = 24
 # The node's end of the veth pair (interface names stay under 16 characters).
 INTERFACES = {"nodea": "trlxa", "nodeb": "trlxb"}
-# How long slurmctld waits for a silent slurmd before it declares the node DOWN (and ends its jobs), and how long a
-# requeued job waits before it may start again (Slurm's default 120 s, `cred_expire`).
-SLURMD_TIMEOUT = 10
+# How long slurmctld waits for a silent slurmd before it declares the node DOWN (a job still running there is then
+# requeued or ends; one that ended stops waiting for the node's cleanup), and how long a requeued job waits before it
+# may start again (Slurm's defaults: 300 s and 120 s, `cred_expire`).
+SLURMD_TIMEOUT = 30
 CRED_EXPIRE = 10
 
 

@@ -78,37 +78,36 @@ def render_defaults(study: Study, plans: list[RunPlan]) -> str:
     return "\n".join(lines)
 
 
+#: The end of every script: wait for the launches (the trap may cut a `sleep` short). A launch that fails, unless the
+#: runs are stopping on the warning, ends the task at once, its peers stopped: waiting for them could outlast Slurm's
+#: `SlurmdTimeout` when a node is lost (its `srun` waits for the lost node), and a task still running when Slurm
+#: declares a node down is requeued and waits for that node. A run that stopped on the warning is requeued.
+_SUPERVISE = [
+    "CODE=0",
+    'while [ -n "$LAUNCHES" ]; do',
+    "  sleep 1 & wait $!",
+    '  LEFT=""',
+    "  for P in $LAUNCHES; do",
+    '    if kill -0 "$P" 2>/dev/null; then LEFT="$LEFT $P"; continue; fi',
+    '    wait "$P"; C=$?',
+    '    if [ "$C" != 0 ] && [ "$CODE" = 0 ]; then CODE=$C; fi',
+    "  done",
+    "  LAUNCHES=$LEFT",
+    '  if [ "$CODE" != 0 ] && [ "$STOPPING" = 0 ]; then kill $LAUNCHES 2>/dev/null; break; fi',
+    "done",
+    'if [ "$STOPPING" = 1 ] && [ ! -f "$RUN_DIR/train_results.json" ]; then',
+    '  scontrol requeue "$SLURM_JOB_ID" || echo "requeue refused: rerun the study to resume $RUN_DIR"',
+    "fi",
+    'exit "$CODE"',
+]
+
+
 def render_script(study: Study, plans: list[RunPlan], cwd: str | Path | None = None, python: str | None = None) -> str:
     """The sbatch script of one arm's runs (`plans`, one per seed, as an array)."""
     first = plans[0]
     arm = first.run.arm
-    slurm = study.slurm
-    res = task_resources(study, first)
-    nodes = res["nodes"]
-    python = python or sys.executable
     folder = study.folder / arm.name
-    head = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={study.name}.{arm.name}",
-        f"#SBATCH --array=0-{len(plans) - 1}",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --output={folder}/slurm-%A_%a.log",
-        "#SBATCH --open-mode=append",
-        "# requeue on preemption, and a warning before the time limit to this script (below)",
-        "#SBATCH --requeue",
-        f"#SBATCH --signal=B:USR1@{slurm.get('warning_s', WARNING_S)}",
-    ]
-    if first.gpu:
-        head.append(f"#SBATCH --gpus-per-node={res['gpus_per_node']}")
-    head.append(f"#SBATCH --cpus-per-task={res['cpus_per_task']}")
-    for key in ("partition", "account", "time", "mem", "qos"):
-        if key in slurm:
-            head.append(f"#SBATCH --{key}={slurm[key]}")
-    for extra in slurm.get("extra", []) or []:
-        head.append(f"#SBATCH {extra}")
     seeds = " ".join(str(p.run.seed) for p in plans)
-    recipe = shlex.join([*arm.launch_args, str(arm.script), "--config", str(arm.recipe), *arm.args])
     body = [
         "set -uo pipefail",
         f"cd {shlex.quote(str(Path(cwd or Path.cwd()).resolve()))}",
@@ -126,66 +125,84 @@ def render_script(study: Study, plans: list[RunPlan], cwd: str | Path | None = N
         'trap \'STOPPING=1; mkdir -p "$RUN_DIR"; touch "$STOP"\' USR1',
     ]
     ports = '--vllm_server_port "$PORT" --vllm_group_port $((PORT + 1))' if first.serves else ""
-    launch = f"{shlex.quote(python)} -m trl_ext.cli launch"
+    launch = f"{shlex.quote(python or sys.executable)} -m trl_ext.cli launch"
+    recipe = shlex.join([*arm.launch_args, str(arm.script), "--config", str(arm.recipe), *arm.args])
     tail = f'--output_dir "$RUN_DIR" --seed "$SEED" --resume true {ports}'.rstrip()
-    config = str(arm.accelerate_config)
-    if nodes > 1:
-        gpus = f" --gpus-per-node={res['gpus_per_node']}" if first.gpu else ""
-        body += [
-            'MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    if first.num_machines > 1:
+        body += _launch_nodes(study, first, f"{launch} {{config}} {recipe} {tail}")
+    else:
+        body += _launch_one(study, first, f"{launch} {{config}} {recipe} {tail}")
+    return "\n".join(_head(study, plans) + [""] + body + _SUPERVISE) + "\n"
+
+
+def _head(study: Study, plans: list[RunPlan]) -> list[str]:
+    """The `#SBATCH` lines of an arm's array."""
+    first, slurm = plans[0], study.slurm
+    res = task_resources(study, first)
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={study.name}.{first.run.arm.name}",
+        f"#SBATCH --array=0-{len(plans) - 1}",
+        f"#SBATCH --nodes={res['nodes']}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --output={study.folder / first.run.arm.name}/slurm-%A_%a.log",
+        "#SBATCH --open-mode=append",
+        "# requeue on preemption, and a warning before the time limit to this script (below)",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{slurm.get('warning_s', WARNING_S)}",
+    ]
+    if first.gpu:
+        head.append(f"#SBATCH --gpus-per-node={res['gpus_per_node']}")
+    head.append(f"#SBATCH --cpus-per-task={res['cpus_per_task']}")
+    head += [f"#SBATCH --{key}={slurm[key]}" for key in ("partition", "account", "time", "mem", "qos") if key in slurm]
+    return head + [f"#SBATCH {extra}" for extra in slurm.get("extra", []) or []]
+
+
+def _launch_one(study: Study, plan: RunPlan, command: str) -> list[str]:
+    """One node: the launch in the background (the trap must run while it does), its output in `$LOG.log`."""
+    arm, config = plan.run.arm, str(plan.run.arm.accelerate_config)
+    lines = []
+    if plan.multi_process:  # its own rendezvous port, from the job id
+        lines = [
             f"CONFIG={study.folder}/.accelerate/{arm.name}_$SLURM_JOB_ID.yaml",
             'mkdir -p "$(dirname "$CONFIG")"',
-            f"{{ grep -v -E '^(main_process_ip|main_process_port):' {shlex.quote(config)}; "
-            'echo "main_process_ip: $MASTER"; echo "main_process_port: $((PORT + 2))"; } > "$CONFIG"',
-            "export RUN_DIR SEED PORT CONFIG LOG",
-            "launch() {  # machine rank $1, its output in $LOG.node$1.log",
-            '  echo "# machine rank $1 on $(hostname)" >> "$LOG.node$1.log"',
-            f'  exec {launch} --accelerate-config "$CONFIG" --machine-rank "$1" {recipe} {tail} '
-            '>> "$LOG.node$1.log" 2>&1',
-            "}",
-            "export -f launch",
-            "# machine rank 0 (training rank 0 and the vLLM server) on the first node, one launch on every other node",
-            f'SRUN="srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_PER_TASK{gpus} --kill-on-bad-exit=1"',
-            "$SRUN --nodes=1 --ntasks=1 --relative=0 bash -c 'launch 0' &",
-            "LAUNCHES=$!",
-            f"$SRUN --nodes={nodes - 1} --ntasks={nodes - 1} --relative=1 bash -c 'launch $((SLURM_NODEID + 1))' &",
-            'LAUNCHES="$LAUNCHES $!"',
+            f"{{ grep -v -E '^main_process_port:' {shlex.quote(config)}; "
+            'echo "main_process_port: $((PORT + 2))"; } > "$CONFIG"',
         ]
+        config = '"$CONFIG"'
     else:
-        if first.multi_process:
-            body += [
-                f"CONFIG={study.folder}/.accelerate/{arm.name}_$SLURM_JOB_ID.yaml",
-                'mkdir -p "$(dirname "$CONFIG")"',
-                f"{{ grep -v -E '^main_process_port:' {shlex.quote(config)}; "
-                'echo "main_process_port: $((PORT + 2))"; } > "$CONFIG"',
-            ]
-            config = '"$CONFIG"'
-        else:
-            config = shlex.quote(config)
-        body += [
-            f'{launch} --accelerate-config {config} {recipe} {tail} >> "$LOG.log" 2>&1 &',
-            "LAUNCHES=$!",
-        ]
-    body += [
-        "# the task ends when every launch has ended, or with the first that fails (its peers are stopped), unless",
-        "# the runs are stopping on the warning",
-        "CODE=0",
-        'while [ -n "$LAUNCHES" ]; do',
-        "  sleep 2 & wait $!",
-        '  LEFT=""',
-        "  for P in $LAUNCHES; do",
-        '    if kill -0 "$P" 2>/dev/null; then LEFT="$LEFT $P"; continue; fi',
-        '    wait "$P"; C=$?',
-        '    if [ "$C" != 0 ] && [ "$CODE" = 0 ]; then CODE=$C; [ "$STOPPING" = 1 ] || kill $LAUNCHES 2>/dev/null; fi',
-        "  done",
-        "  LAUNCHES=$LEFT",
-        "done",
-        'if [ "$STOPPING" = 1 ] && [ ! -f "$RUN_DIR/train_results.json" ]; then',
-        '  scontrol requeue "$SLURM_JOB_ID" || echo "requeue refused: rerun the study to resume $RUN_DIR"',
-        "fi",
-        'exit "$CODE"',
+        config = shlex.quote(config)
+    command = command.replace("{config}", f"--accelerate-config {config}")
+    return lines + [f'{command} >> "$LOG.log" 2>&1 &', "LAUNCHES=$!"]
+
+
+def _launch_nodes(study: Study, plan: RunPlan, command: str) -> list[str]:
+    """Several nodes: a copy of the accelerate config naming the first node as `main_process_ip`, and one launch
+    per node through two `srun`s (machine rank 0 on the first node, the others on the rest), so that the failure
+    of one is seen at once here (one `srun` over all nodes waits for a lost node until Slurm declares it down)."""
+    arm, res = plan.run.arm, task_resources(study, plan)
+    nodes = res["nodes"]
+    gpus = f" --gpus-per-node={res['gpus_per_node']}" if plan.gpu else ""
+    command = command.replace("{config}", '--accelerate-config "$CONFIG" --machine-rank "$1"')
+    return [
+        'MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"CONFIG={study.folder}/.accelerate/{arm.name}_$SLURM_JOB_ID.yaml",
+        'mkdir -p "$(dirname "$CONFIG")"',
+        f"{{ grep -v -E '^(main_process_ip|main_process_port):' {shlex.quote(str(arm.accelerate_config))}; "
+        'echo "main_process_ip: $MASTER"; echo "main_process_port: $((PORT + 2))"; } > "$CONFIG"',
+        "export RUN_DIR SEED PORT CONFIG LOG",
+        "launch() {  # machine rank $1, its output in $LOG.node$1.log",
+        '  echo "# machine rank $1 on $(hostname)" >> "$LOG.node$1.log"',
+        f'  exec {command} >> "$LOG.node$1.log" 2>&1',
+        "}",
+        "export -f launch",
+        "# machine rank 0 (training rank 0 and the vLLM server) on the first node, one launch on every other node",
+        f'SRUN="srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_PER_TASK{gpus} --kill-on-bad-exit=1"',
+        "$SRUN --nodes=1 --ntasks=1 --relative=0 bash -c 'launch 0' &",
+        "LAUNCHES=$!",
+        f"$SRUN --nodes={nodes - 1} --ntasks={nodes - 1} --relative=1 bash -c 'launch $((SLURM_NODEID + 1))' &",
+        'LAUNCHES="$LAUNCHES $!"',
     ]
-    return "\n".join(head + [""] + body) + "\n"
 
 
 def render_scripts(study: Study, plans: list[RunPlan], **kwargs) -> dict[str, str]:
