@@ -2,7 +2,8 @@
 
 `spec` (the study file), `placement` (pure: GPU sets, cores, ports), `planning` (every run preflighted by the
 launcher's `plan_launch`, placed on the node), `runner` (the runs on this machine: process groups, resume, failures,
-signals), `progress` (a run's state from its folder and log), `slurm` (sbatch scripts, the queue, cancel),
+signals), `progress` (a run's state from its folder and the status file its trainer writes), `slurm` (sbatch
+scripts with requeue, the queue, cancel),
 `report` (statistics over seeds with scipy, curves, lengths), `cli` (`trl-ext study`). Above `launch`: a study
 starts runs only through the launcher. docs/studies.md.
 """

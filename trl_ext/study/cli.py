@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
 
         study = _load(study_file, root)
         if slurm and gpus is not None:
-            typer.echo("error: --gpus plans this node; a Slurm task asks for its run's need (or slurm.gpus_per_node)")
+            typer.echo(
+                "error: --gpus plans this node; a Slurm task asks for its run's need (or slurm.gpus_per_node)", err=True
+            )
             raise typer.Exit(2)
         finished = [r.name for r in study.runs() if is_finished(r.output_dir)]
         if finished:  # never preflighted again: a finished run is skipped
