@@ -606,9 +606,11 @@ def test_serve_only_starts_the_recipes_server_alone_on_this_machines_address(rig
 
     def stop_once_serving():  # SIGTERM to this process, as to a launch: the launcher's handler takes it
         deadline = time.monotonic() + 60
-        while not any("serving until stopped" in line for line in said) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if any("serving until stopped" in line for line in said):  # the launcher's handler is in place
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_once_serving, daemon=True).start()
     assert run_launch(plan, grace=3, poll_interval=0.05, echo=said.append) == 143
