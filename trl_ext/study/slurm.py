@@ -83,6 +83,8 @@ def render_defaults(study: Study, plans: list[RunPlan]) -> str:
 #: `SlurmdTimeout` when a node is lost (its `srun` waits for the lost node), and a task still running when Slurm
 #: declares a node down is requeued and waits for that node. A run that stopped on the warning is requeued.
 _SUPERVISE = [
+    "# the task ends when every launch has ended, or at once with the first that fails (the others are stopped),",
+    "# unless the runs are stopping on the warning; a run that stopped on it is requeued",
     "CODE=0",
     'while [ -n "$LAUNCHES" ]; do',
     "  sleep 1 & wait $!",
