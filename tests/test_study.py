@@ -127,17 +127,17 @@ def test_every_shipped_cpu_study_plans_on_this_machine(path, launch_folder):
 
 @pytest.mark.parametrize("path", GPU_STUDIES, ids=[p.stem for p in GPU_STUDIES])
 def test_every_shipped_gpu_study_prints_its_job_scripts_on_a_machine_without_gpus(path, launch_folder, monkeypatch):
-    """The documented `trl-ext study run <study> --slurm --dry-run` on this machine, which has no GPU (a cluster's
-    login node): every run of every arm planned by the launcher for its task, the resources stated with where they
-    come from (no study ships a `slurm:` section: the runs' plans), one array script per arm asking for the run's
-    need (the server on one GPU and training on the next; SFT: one GPU, vLLM colocated), requeue and the warning.
-    Before, the plan counted this machine's GPUs and stopped: "`gpu_ids` 1 names GPU(s) ['1'] that are not
-    available"."""
+    """The documented `trl-ext study run <study> --slurm --dry-run` on a machine without GPUs (a cluster's login
+    node; `CUDA_VISIBLE_DEVICES=""` makes any machine one): every run of every arm planned by the launcher for its
+    task, the resources stated with where they come from (no study ships a `slurm:` section: the runs' plans), one
+    array script per arm asking for the run's need (the server on one GPU and training on the next; SFT: one GPU,
+    vLLM colocated), requeue and the warning. Before, the plan counted this machine's GPUs and stopped: "`gpu_ids` 1
+    names GPU(s) ['1'] that are not available"."""
     from typer.testing import CliRunner
 
     from trl_ext.cli import app
 
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     study = load_study(path)
     done = CliRunner().invoke(app, ["study", "run", str(path), "--slurm", "--dry-run"])
     assert done.exit_code == 0, done.output
@@ -151,6 +151,43 @@ def test_every_shipped_gpu_study_prints_its_job_scripts_on_a_machine_without_gpu
         assert f"#SBATCH --array=0-{len(study.seeds) - 1}\n" in script and f"--gpus-per-node={need}\n" in script
         assert "#SBATCH --requeue\n#SBATCH --signal=B:USR1@600\n" in script
     assert not Path("runs").exists()  # a dry run writes nothing
+
+
+# One study per GPU accelerate config the shipped studies use (the others differ from these in recipes only, which
+# the Slurm dry run above plans on the same 8-GPU node).
+PLAIN_DRY_RUNS = ["gsm8k_qwen3_0.6b_ablations", "math_sft_sizes"]
+
+
+@pytest.mark.parametrize("name", PLAIN_DRY_RUNS)
+def test_a_dry_run_on_a_machine_without_gpus_shows_the_placement_on_an_8_gpu_node(name, launch_folder, monkeypatch):
+    """The study files' other documented dry run, `trl-ext study run <study> --dry-run`, on a machine without GPUs:
+    every run placed on a node of 8 GPUs (the study states no `slurm.gpus_per_node`), saying so first, exit 0."""
+    from typer.testing import CliRunner
+
+    from trl_ext.cli import app
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = ROOT / "recipes" / "studies" / f"{name}.yaml"
+    study = load_study(path)
+    plain = CliRunner().invoke(app, ["study", "run", str(path), "--dry-run"])
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.startswith("no GPU on this machine: the placement on a node of 8 GPUs (--gpus N for another)")
+    assert f"study {study.name}: {len(study.runs())} run(s) on 8 GPU(s)" in plain.output
+    assert not Path("runs").exists()
+
+
+def test_a_gpu_study_on_a_machine_without_gpus_is_refused_before_any_plan():
+    """Run for real (not a dry run) where there is no GPU: the first GPU run named with its accelerate config and
+    what to do instead, before the launcher plans anything."""
+    study = load_study(ROOT / "recipes/studies/gsm8k_qwen3_0.6b_ablations.yaml")
+    with pytest.raises(StudyError) as refused:
+        plan_study(study, environ={"CUDA_VISIBLE_DEVICES": ""})
+    cores = len(os.sched_getaffinity(0))
+    assert str(refused.value) == (
+        "run r1_zero/seed0: accelerate config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml trains on GPUs and "
+        f"this machine has none (no GPU: {cores} core(s), 1 per run): `--dry-run --gpus N` shows the placement on a "
+        "node of N GPUs, `--slurm` submits the study to a cluster (`--slurm --dry-run` prints its job scripts)"
+    )
 
 
 def test_gsm8k_ablations_on_an_8_gpu_node_in_waves_of_four(capsys):

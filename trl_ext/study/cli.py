@@ -37,8 +37,9 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(
             None,
             "--gpus",
-            help="The node's GPU count, for a dry run of a node other than this one (e.g. 8); not with --slurm (a "
-            "task asks for its run's need, or slurm.gpus_per_node).",
+            help="The node's GPU count, for a dry run of a node other than this one (e.g. 8; on a machine without "
+            "GPUs a dry run takes slurm.gpus_per_node, else 8); not with --slurm (a task asks for its run's need, or "
+            "slurm.gpus_per_node).",
         ),
         slurm: bool = typer.Option(False, "--slurm", help="Submit one sbatch array job per arm instead."),
         wait: bool = typer.Option(False, "--wait", help="With --slurm: wait for the jobs, then write the report."),
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
         study = _load(study_file, root)
         if slurm and gpus is not None:
             typer.echo(
-                "error: --gpus plans this node; a Slurm task asks for its run's need (or slurm.gpus_per_node)", err=True
+                "error: --gpus plans this node; a Slurm task asks for its run's need (or slurm.gpus_per_node)",
+                err=True,
             )
             raise typer.Exit(2)
         finished = [r.name for r in study.runs() if is_finished(r.output_dir)]
@@ -62,6 +64,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"skipping {len(finished)} finished run(s): {', '.join(finished)}")
         todo = [r for r in study.runs() if r.name not in finished]
         try:
+            if dry_run and not slurm and gpus is None and todo:  # a login node shows the placement on a GPU node
+                gpus = planning.dry_run_gpus(study, todo)
+                if gpus is not None:
+                    typer.echo(
+                        f"no GPU on this machine: the placement on a node of {gpus} GPUs (--gpus N for another)"
+                    )
             if slurm:
                 plans, where = (planning.plan_slurm(study, todo) if todo else []), ""
             else:
