@@ -255,7 +255,7 @@ class TwoNodeCluster:
             if holder.poll() is not None:
                 continue
             for pid in self.processes(node):
-                left.append(f"{node}: {_cmdline(pid)}")
+                left.append(f"{node}: {command_line(pid)}")
                 _kill(pid, signal.SIGKILL)
             holder.kill()
             holder.wait()
@@ -269,7 +269,8 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def _cmdline(pid: int) -> str:
+def command_line(pid: int) -> str:
+    """`pid`'s command line as one string ("?" once it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import ADDRESSES, TwoNodeCluster, skip_reason
+from slurm_cluster import ADDRESSES, TwoNodeCluster, command_line, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -147,7 +147,7 @@ def _job_field(cluster, job: str, name: str) -> str:
 
 def _is_daemon(pid: int) -> bool:
     """slurmctld (and its slurmscriptd), slurmd: what a node runs between jobs."""
-    return any(_cmdline(pid).lstrip(": ").startswith(d) for d in DAEMONS)
+    return any(command_line(pid).lstrip(": ").startswith(d) for d in DAEMONS)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def runs(cluster, tmp_path_factory):
             study.kill()
             study.wait()
     result["first_output"] = _text(first_log)
-    result["left_on_a"] = [_cmdline(pid) for pid in cluster.processes("nodea") if not _is_daemon(pid)]
+    result["left_on_a"] = [command_line(pid) for pid in cluster.processes("nodea") if not _is_daemon(pid)]
     # Node B comes back. The study again (the run resumes), and beside it the reference on both nodes.
     cluster.start_slurmd("nodeb")
     cluster.wait_idle(120)
@@ -220,16 +220,9 @@ def runs(cluster, tmp_path_factory):
             result["server_code"] = server.wait()
     result["reference_logs"] = [_text(p) for p in ref_logs]
     result["rerun_output"] = _text(rerun_log)
-    result["left_after"] = {n: [_cmdline(p) for p in cluster.processes(n) if not _is_daemon(p)] for n in ADDRESSES}
+    result["left_after"] = {n: [command_line(p) for p in cluster.processes(n) if not _is_daemon(p)] for n in ADDRESSES}
     result["node_logs"] = {p.name: _text(p) for p in run_dir.parent.glob("seed0.node*.log")}
     return result
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
 
 
 def _train_logs(folder: Path) -> dict[int, dict]:
