@@ -50,7 +50,7 @@ SERVER_ARGS = "--enforce_eager --max_model_len 256 --kv-cache-memory-bytes 67108
 REFERENCE_PORTS = ("8123", "8124")  # server, weight-sync group: stated on both nodes
 DAEMONS = ("slurmctld", "slurmscriptd", "slurmd")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def _env(cluster: TwoNodeCluster) -> dict[str, str]:
