@@ -5,7 +5,7 @@ import is no way around an import loop: the preflight once imported the recipes,
 
 Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `evaluation`
 -> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`,
-`host`, `lazy`."""
+`host`, `lazy`, `run_status`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "tiny", "assets", "host", "lazy"),
+    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "run_status"),
     ("preflight", "tasks", "reporting"),
     ("grpo",),
     ("evaluation",),
