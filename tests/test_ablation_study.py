@@ -33,16 +33,16 @@ arms:
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """A run folder with the recipes, and a stand-in warm start in runs/warm: the demo's model and tokenizer at
+    """A run folder with the recipes, and a stand-in warm start in runs/warm: the testbed's model and tokenizer at
     their seed-0 init (no SFT: the pipeline, not the learning, is under test)."""
-    from trl_ext.demo.config import DemoConfig
-    from trl_ext.demo.run import _model
+    from trl_ext.testbed.config import TestbedConfig
+    from trl_ext.testbed.warm_start import build_model
 
     freeze_imports()  # the runs' end-of-training collections then skip the imported modules
     for name in ("recipes", "accelerate_configs"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    tokenizer, model, _ = _model(DemoConfig())
+    tokenizer, model, _ = build_model(TestbedConfig())
     model.save_pretrained("runs/warm")
     tokenizer.save_pretrained("runs/warm")
     (tmp_path / "study.yaml").write_text(STUDY)
@@ -53,12 +53,12 @@ def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_ext.demo.heldout import evaluate
-    from trl_ext.demo.warm_start import demo_problems
     from trl_ext.recipes import run_grpo_recipe
     from trl_ext.study.progress import is_finished
     from trl_ext.study.report import write_report
     from trl_ext.study.spec import load_study
+    from trl_ext.testbed.heldout import evaluate
+    from trl_ext.testbed.warm_start import testbed_problems
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     study = load_study("study.yaml")
@@ -67,7 +67,7 @@ def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
         assert is_finished(run.output_dir)
     summary = write_report(study, out="shipped/ablations")
 
-    _, held_out = demo_problems()
+    _, held_out = testbed_problems()
     logged = {}
     for run in study.runs():
         history = json.loads((run.output_dir / "trainer_state.json").read_text())["log_history"]
@@ -83,11 +83,14 @@ def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
                 assert entry["metrics"][key]["mean"] == last[key]
         runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
         assert entry["wall_clock_s"]["per_seed"] == {0: runtime}
-        # mean length = the correct and the incorrect responses' lengths weighted by their counts (one sample each)
-        n_correct = round(last["heldout/sample_accuracy"] * HELDOUT)
+        # mean length = the correct and the incorrect responses' lengths weighted by their counts; with the static
+        # cache (cpu_demo.yaml) the responses are the sampled accuracy's 2 per problem
+        assert last["heldout/sample_accuracy"] == last["heldout/sampled_accuracy"]
+        responses = 2 * HELDOUT
+        n_correct = round(last["heldout/sample_accuracy"] * responses)
         parts = last.get("heldout/correct_length", 0.0) * n_correct
-        parts += last.get("heldout/incorrect_length", 0.0) * (HELDOUT - n_correct)
-        assert last["heldout/mean_length"] * HELDOUT == pytest.approx(parts, rel=1e-9)
+        parts += last.get("heldout/incorrect_length", 0.0) * (responses - n_correct)
+        assert last["heldout/mean_length"] * responses == pytest.approx(parts, rel=1e-9)
         assert 1 <= last["heldout/mean_length"] <= 12 and last["heldout/entropy"] > 0
         # the saved final model, loaded afresh and scored again, gives the logged last numbers
         model = AutoModelForCausalLM.from_pretrained(run.output_dir, dtype=torch.float32)
@@ -140,7 +143,7 @@ def test_validation_points():
 
 
 def test_a_warm_start_folder_without_a_model_is_an_error(tmp_path):
-    from trl_ext.demo.warm_start import ensure_warm_start
+    from trl_ext.testbed.warm_start import ensure_warm_start
 
     (tmp_path / "sft").mkdir()
     with pytest.raises(FileExistsError, match="holds no model"):
@@ -154,12 +157,39 @@ def test_two_runs_starting_at_once_build_the_warm_start_once(tmp_path):
     the model; no staging folder is left behind. A small demo (a 2-step SFT) keeps it cheap."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trl_ext.demo.config import DemoConfig
-    from trl_ext.demo.warm_start import ensure_warm_start
+    from trl_ext.testbed.config import TestbedConfig
+    from trl_ext.testbed.warm_start import ensure_warm_start
 
-    cfg = DemoConfig(num_train_problems=40, num_labelled=8, num_eval_problems=4, sft_steps=2, sft_batch_size=4)
+    cfg = TestbedConfig(num_train_problems=40, num_labelled=8, num_eval_problems=4, sft_steps=2, sft_batch_size=4)
     with ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda _: ensure_warm_start(tmp_path / "sft", cfg), range(2)))
     assert sorted(built) == [False, True]
     assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "tokenizer_config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
+
+
+def test_the_check_of_a_demo_recipe_builds_nothing_and_plans_the_warm_start(tmp_path):
+    """A recipe's checks never train: without the warm start, the preflight passes on the config its build step will
+    write (the model line names the step, the memory estimate is the testbed model's) and no folder appears; with
+    a model there, the plan says it is reused."""
+    from trl_ext.preflight.context import context_from_environment
+    from trl_ext.recipes.entry import preflight_recipe
+    from trl_ext.testbed.warm_start import build_model
+
+    folder = tmp_path / "models" / "countdown_sft"
+    argv = ["--config", str(ROOT / "recipes/countdown/cpu_demo.yaml"), "--model_name_or_path", str(folder)]
+    argv += ["--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    environ = {"WORLD_SIZE": "1"}
+    _, report = preflight_recipe("countdown", argv, 1, lambda p: context_from_environment(p[0], p[1], environ))
+    assert report.ok, report.render()
+    assert not (tmp_path / "models").exists()
+    assert f"model:   {folder}, built first by this run (SFT warm start" in report.render()
+    assert report.shape is not None and report.shape.params == 595_072  # the testbed model (docs/demo.md: 595k)
+
+    from trl_ext.testbed.config import TestbedConfig
+
+    tokenizer, model, _ = build_model(TestbedConfig())
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _, report = preflight_recipe("countdown", argv, 1, lambda p: context_from_environment(p[0], p[1], environ))
+    assert report.ok and f"model:   {folder} (built by an earlier run: SFT warm start" in report.render()

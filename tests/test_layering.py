@@ -3,9 +3,9 @@ module imports only from layers below its own, at the top of the file or inside 
 import is no way around an import loop: the preflight once imported the recipes, which imported it back, and
 `trl_ext.evaluation` imported `trl_ext.recipes`, which imported the evaluation back).
 
-Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration` -> `evaluation`
--> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`,
-`host`, `lazy`, `run_status`."""
+Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration`, `testbed` ->
+`evaluation` -> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`, `host`,
+`lazy`, `run_status`, `static_cache`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "run_status"),
+    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "run_status", "static_cache"),
     ("preflight", "tasks", "reporting"),
     ("grpo",),
     ("evaluation",),
-    ("expert_iteration",),
+    ("expert_iteration", "testbed"),
     ("demo",),
     ("recipes", "discover"),
     ("launch",),
@@ -90,6 +90,20 @@ def test_evaluation_never_imports_recipes():
         if unit == "evaluation"
         for module, line in _imports(path)
         if _unit(module) in ("recipes", "launch", "cli")
+    ]
+    assert offenders == []
+
+
+def test_recipes_never_import_the_demo():
+    """The `demo_warm_start` recipes train on the CPU testbed (`trl_ext.testbed`: problems, model, warm start,
+    held-out scoring), which the demo shares; the demo (`make run`) is an entry point of its own, reached through
+    `recipes/countdown.py --demo`, never through the recipe layer."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for unit, path in _modules()
+        if unit != "demo"
+        for module, line in _imports(path)
+        if _unit(module) == "demo"
     ]
     assert offenders == []
 

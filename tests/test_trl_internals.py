@@ -57,7 +57,8 @@ def test_overridden_method_signatures(method, expected):
     assert got == expected, _changed(f"GRPOTrainer.{method}{tuple(got)} was {tuple(expected)}")
 
 
-# Which class of AblationGRPOTrainer's MRO changes which TRL method: each in one class only (trl_ext/grpo/trainer.py).
+# Which class of AblationGRPOTrainer's MRO changes which TRL method: each in one class only (trl_ext/grpo/trainer.py),
+# but for `_generate_single_turn` (EXCLUSIVE_CHANGES).
 TRL_METHODS_CHANGED = {
     "AblationGRPOTrainer": {
         "__init__",
@@ -69,12 +70,17 @@ TRL_METHODS_CHANGED = {
     "DynamicSamplingMixin": set(),
     "FinishedCompletionsMixin": {"_generate"},
     "AsyncRolloutsMixin": {"train", "get_batch_samples", "_prepare_inputs", "_generate_single_turn"},
+    "StaticCacheGenerationMixin": {"_generate_single_turn"},
 }
+# Methods two behaviours change, with the config flags that switch them on: the config refuses both flags at once,
+# so at most one of them acts and the other hands the call to `super()`.
+EXCLUSIVE_CHANGES = {"_generate_single_turn": ("async_rollouts", "static_cache_generation")}
 
 
 def test_each_trl_method_is_changed_in_one_class_only():
     """No TRL method is wrapped twice along the MRO, so no behaviour's order follows from the order of the bases: the
-    trainer's `_install_behaviours` and `_generate_and_score_completions` state it."""
+    trainer's `_install_behaviours` and `_generate_and_score_completions` state it. The exceptions
+    (EXCLUSIVE_CHANGES) are behaviours the config never turns on together."""
     from trl_ext.grpo.trainer import AblationGRPOTrainer
 
     mro = AblationGRPOTrainer.__mro__
@@ -84,6 +90,11 @@ def test_each_trl_method_is_changed_in_one_class_only():
         for cls in ours
     }
     assert changed == TRL_METHODS_CHANGED
+    owners: dict[str, list[str]] = defaultdict(list)
+    for cls, names in changed.items():
+        for name in names:
+            owners[name].append(cls)
+    assert {name for name, classes in owners.items() if len(classes) > 1} == set(EXCLUSIVE_CHANGES)
     for name in set().union(*TRL_METHODS_CHANGED.values()):
         assert callable(getattr(GRPOTrainer, name)), _changed(f"GRPOTrainer.{name} no longer exists")
 

@@ -45,6 +45,36 @@ def build_char_tokenizer(chars: list[str] | None = None, model_max_length: int =
     )
 
 
+def tiny_qwen3_config(
+    tokenizer,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    dtype: str = "float32",
+):
+    """The `Qwen3Config` of `build_tiny_qwen3` (tied embeddings, the tokenizer's vocabulary, pad and eos ids)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=dtype,
+    )
+
+
 def build_tiny_qwen3(
     tokenizer,
     hidden_size: int = 64,
@@ -69,22 +99,10 @@ def build_tiny_qwen3(
         A `Qwen3ForCausalLM` whose generation config stops at the tokenizer's eos and pads with its pad token.
     """
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype=dtype,
+    config = tiny_qwen3_config(
+        tokenizer, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings, dtype
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -93,8 +111,8 @@ def build_tiny_qwen3(
     return model
 
 
-# The demo's model size (`trl_ext.demo.DemoConfig`: head_dim 32, which vLLM's CPU attention accepts) with the full
-# character vocabulary: what a recipe with `tiny_model: true` trains (recipes/countdown/cpu_server.yaml).
+# The testbed's model size (`trl_ext.testbed.TestbedConfig`: head_dim 32, which vLLM's CPU attention accepts) with
+# the full character vocabulary: what a recipe with `tiny_model: true` trains (recipes/countdown/cpu_server.yaml).
 RECIPE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256)
 
 

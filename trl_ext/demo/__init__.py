@@ -15,13 +15,16 @@
    training): greedy accuracy, mean accuracy of `eval_samples` samples at temperature 1, pass@`eval_samples`, and
    exact paired sign tests; a table, `metrics.json` and `curve.png` (both arms on one axis of CPU seconds).
 
-Modules: `config` (flags), `data` (splits and rows), `heldout` (scoring), `phases` (training and its CPU clock),
-`control` (the control arm, the arms' child processes), `ei` (the expert-iteration arm), `report` (tests, table,
-plots), `run` (`main`). docs/demo.md has the measured results and the tuning history.
+Modules: `config` (flags), `phases` (training and its CPU clock), `control` (the control arm, the arms' child
+processes), `ei` (the expert-iteration arm), `report` (tests, table, plots), `run` (`main`). The problems, the model,
+the SFT warm start and the held-out scoring are the CPU testbed's (`trl_ext.testbed`), which the `demo_warm_start`
+recipes share. docs/demo.md has the measured results and the tuning history.
 """
 
 from trl_ext.demo.config import GPU_COMMAND, GPU_RECIPE, DemoConfig, check, parse_args
-from trl_ext.demo.data import (
+from trl_ext.demo.report import compare, paired_sign_test
+from trl_ext.demo.run import main
+from trl_ext.testbed.problems import (
     DEMO_CHARS,
     EVAL_SEED,
     grpo_dataset,
@@ -30,8 +33,6 @@ from trl_ext.demo.data import (
     sft_dataset,
     split_labelled,
 )
-from trl_ext.demo.report import compare, paired_sign_test
-from trl_ext.demo.run import main
 
 __all__ = [
     "DEMO_CHARS",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
+from trl_ext.testbed.config import TestbedConfig
+
 GPU_RECIPE = "recipes/countdown/qwen3_1.7b_grpo_l512.yaml"
 GPU_COMMAND = (
     "trl-ext launch --accelerate-config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml "
@@ -13,53 +15,19 @@ GPU_COMMAND = (
 
 
 @dataclass
-class DemoConfig:
-    """Every knob of the embedded default; `python -m trl_ext.demo --help` lists them."""
+class DemoConfig(TestbedConfig):
+    """Every knob of the embedded default; `python -m trl_ext.demo --help` lists them. The problems, the model and
+    the SFT warm start are the CPU testbed's (`trl_ext.testbed.TestbedConfig`, listed first)."""
 
     output_dir: str = field(default="runs/countdown_demo", metadata={"help": "Run folder (created)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the model init, the training problems and training."})
-    problem_seed: int = field(
-        default=-1,
-        metadata={
-            "help": "Seed of the training problems (the labelled / unlabelled split) when it differs from --seed; "
-            "-1 = --seed. With --init_model from a run of another seed, give that run's seed, so the arms train on "
-            "the problems their start was trained on."
-        },
-    )
     threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = min(number of CPUs, 4)."})
     wandb: bool = field(default=True, metadata={"help": "Log to a wandb run (WANDB_MODE defaults to offline)."})
     init_model: str = field(
         default="", metadata={"help": "Start from this saved model (e.g. a run's `sft_model`), skipping SFT."}
     )
-    # model (trl_ext.tiny.build_tiny_qwen3)
-    hidden_size: int = field(default=128, metadata={"help": "Model width."})
-    num_layers: int = field(default=4, metadata={"help": "Transformer blocks."})
-    num_heads: int = field(default=4, metadata={"help": "Attention heads."})
-    num_kv_heads: int = field(default=2, metadata={"help": "Key/value heads (grouped-query attention)."})
-    intermediate_size: int = field(default=256, metadata={"help": "MLP width."})
-    # task
-    max_number: int = field(default=20, metadata={"help": "Problems use 3 numbers in 1..max_number."})
-    max_target: int = field(default=100, metadata={"help": "Targets lie in 1..max_target."})
-    num_train_problems: int = field(
-        default=12000, metadata={"help": "Distinct training problems: the labelled ones first, the rest unlabelled."}
-    )
-    num_labelled: int = field(
-        default=512,
-        metadata={"help": "Training problems whose solutions SFT and the control see; GRPO gets the others."},
-    )
-    num_eval_problems: int = field(default=512, metadata={"help": "Held-out problems (fixed seed EVAL_SEED)."})
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out problem at temperature 1."})
     curve_points: int = field(
         default=10, metadata={"help": "Held-out greedy accuracy at this many evenly spaced steps of each phase."}
-    )
-    # SFT warm start on the labelled problems
-    sft_steps: int = field(default=300, metadata={"help": "SFT optimizer steps."})
-    sft_batch_size: int = field(default=128, metadata={"help": "SFT (and control) examples per step."})
-    sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT peak learning rate (linear decay)."})
-    sft_warmup_steps: int = field(default=20, metadata={"help": "SFT linear warmup steps."})
-    sft_all_solutions: bool = field(
-        default=True,
-        metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
     )
     # GRPO on the unlabelled problems
     grpo_steps: int = field(default=1600, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
@@ -83,6 +51,14 @@ class DemoConfig:
             "help": "DAPO dynamic sampling: drop equal-reward groups, generate more (see docs/dynamic_sampling.md)."
         },
     )
+    static_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "Sample GRPO's rollouts and every held-out evaluation with trl_ext's loop over a preallocated KV "
+            "cache (trl_ext.static_cache; AblationGRPOConfig.static_cache_generation) instead of transformers' "
+            "generate: the same sampling at a fraction of the CPU (--no-static_cache: generate)."
+        },
+    )
     skip_zero_advantage: bool = field(
         default=True,
         metadata={
@@ -95,7 +71,7 @@ class DemoConfig:
         default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
     )
     control_steps: int = field(
-        default=1200,
+        default=840,
         metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
     )
     parallel_arms: bool = field(

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from trl_ext.demo.config import DemoConfig
-from trl_ext.demo.data import make_splits, split_labelled
-from trl_ext.demo.heldout import evaluate
 from trl_ext.demo.phases import run_sft
+from trl_ext.testbed.heldout import evaluate
+from trl_ext.testbed.problems import DEMO_CHARS, make_splits, split_labelled
 
 
 def run_control(cfg: DemoConfig, start_dir: Path, out: Path, tokenizer, labelled, held_out) -> dict:
@@ -29,7 +29,7 @@ def run_control(cfg: DemoConfig, start_dir: Path, out: Path, tokenizer, labelled
         cfg, "control", model, tokenizer, labelled, held_out, out / "control", cfg.control_steps,
         cfg.control_learning_rate, "none",
     )  # fmt: skip
-    heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
+    heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length, cfg.static_cache)
     model.save_pretrained(out / "control_model")
     tokenizer.save_pretrained(out / "control_model")
     return {"clock": clock, "heldout": heldout, "curve": curve}
@@ -61,7 +61,6 @@ def child_main(spec_path: str) -> None:
     import datasets
     import torch
 
-    from trl_ext.demo.data import DEMO_CHARS
     from trl_ext.tiny import build_char_tokenizer
 
     spec = json.loads(Path(spec_path).read_text())

@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from trl_ext.demo.config import DemoConfig
-from trl_ext.demo.data import grpo_dataset
-from trl_ext.demo.heldout import evaluate
-from trl_ext.demo.phases import _callbacks, _common_training_args, curve_steps
+from trl_ext.demo.phases import _callbacks, curve_steps
 from trl_ext.expert_iteration import ExpertIterationConfig, ExpertIterationTrainer
+from trl_ext.testbed.heldout import evaluate
+from trl_ext.testbed.problems import grpo_dataset
+from trl_ext.testbed.sft import common_training_args
 
 
 class _CurveEITrainer(ExpertIterationTrainer):
@@ -48,7 +49,7 @@ def run_ei(cfg: DemoConfig, model, tokenizer, unlabelled: list[dict], held_out: 
     clock: dict = {}
     callbacks = _callbacks(cfg, "ei", held_out, tokenizer, curve, clock, None, by_step=False)
     args = ExpertIterationConfig(
-        **_common_training_args(cfg, out, "none"),
+        **common_training_args(cfg, out, "none"),
         n_ei_steps=cfg.ei_steps,
         questions_per_step=cfg.ei_questions,
         num_generations=cfg.num_generations,
@@ -100,7 +101,7 @@ def run_ei_arm(cfg: DemoConfig, start_dir: Path, out: Path, tokenizer, unlabelle
     model = AutoModelForCausalLM.from_pretrained(start_dir, dtype=torch.float32)
     trainer, curve, clock = run_ei(cfg, model, tokenizer, unlabelled, held_out, out / "ei")
     model = trainer.model
-    heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
+    heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length, cfg.static_cache)
     model.save_pretrained(out / "ei_model")
     tokenizer.save_pretrained(out / "ei_model")
     log = [h for h in trainer.state.log_history if "reward" in h]

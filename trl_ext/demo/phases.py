@@ -1,5 +1,6 @@
-"""The demo's training phases: SFT (warm start and control) with TRL's `SFTTrainer`, GRPO with ours, and a clock
-that measures each phase's training CPU seconds without its held-out evaluations."""
+"""The demo's training phases: GRPO with ours (SFT, for the warm start and the control, is the testbed's
+`trl_ext.testbed.sft.run_sft`), and a clock that measures each phase's training CPU seconds without its held-out
+evaluations."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import resource
 import time
 from pathlib import Path
 
-from trl_ext.demo.data import grpo_dataset, sft_dataset
-from trl_ext.demo.heldout import evaluate, response_stats
-
-# Passes over the labelled problems materialised for SFT, each drawing one of a problem's solutions afresh.
-SFT_PASSES = 16
+from trl_ext.testbed.heldout import evaluate, response_stats
+from trl_ext.testbed.problems import grpo_dataset
+from trl_ext.testbed.sft import common_training_args, progress_printer
+from trl_ext.testbed.sft import run_sft as run_testbed_sft
 
 
 def cpu_seconds() -> float:
@@ -34,12 +34,6 @@ def _callbacks(
     length and sampled accuracy (`heldout.response_stats`)."""
     from transformers import TrainerCallback
 
-    class Progress(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            keys = ["loss", "reward", "reward_std", "entropy", "completions/mean_length", "ei/kept", "learning_rate"]
-            shown = " ".join(f"{k.split('/')[-1]}={logs[k]:.4g}" for k in keys if k in (logs or {}))
-            print(f"[{phase}] step {state.global_step}/{state.max_steps} {shown}", flush=True)
-
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             self.steps = curve_steps(state.max_steps, cfg.curve_points) if by_step else set()
@@ -58,8 +52,9 @@ def _callbacks(
             """One curve point of `model` after training step `step` (`extra`: more fields of the point)."""
             train_cpu, train_wall = self._train_time()
             cpu0, wall0 = cpu_seconds(), time.perf_counter()
-            r = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
-            stats = response_stats(model, tokenizer, held_out, cfg.max_completion_length) if cfg.ei else {}
+            budget, fast = cfg.max_completion_length, cfg.static_cache
+            r = evaluate(model, tokenizer, held_out, 0, budget, fast)
+            stats = response_stats(model, tokenizer, held_out, budget, fast) if cfg.ei else {}
             self.evals[0] += cpu_seconds() - cpu0
             self.evals[1] += time.perf_counter() - wall0
             point = {"phase": phase, "step": step, **extra, "train_cpu_s": round(train_cpu, 2)}
@@ -85,27 +80,7 @@ def _callbacks(
                 curve_cpu_s=round(self.evals[0], 2),
             )
 
-    return [Progress(), Clock()]
-
-
-def _common_training_args(cfg, out: Path, report_to: str) -> dict:
-    """TrainingArguments shared by SFT and GRPO: float32 on the CPU, no checkpoints, no gradient checkpointing."""
-    return dict(
-        output_dir=str(out),
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        logging_steps=25,
-        save_strategy="no",
-        report_to=report_to,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    return [progress_printer(phase), Clock()]
 
 
 def run_sft(
@@ -121,42 +96,15 @@ def run_sft(
     report_to: str,
     wandb_run=None,
 ) -> tuple[list[dict], dict]:
-    """SFT with TRL's `SFTTrainer` on the labelled problems: completion-only cross-entropy, linear warmup then
-    linear decay over `steps`. The warm start and the control both run this, each with its own schedule.
+    """The testbed's SFT (`trl_ext.testbed.sft.run_sft`) with the demo's progress lines and held-out curve.
 
     Returns:
         (curve points, clock) where the clock holds `train_cpu_s`, `train_wall_s` and `steps`.
     """
-    from transformers import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
-
     curve: list[dict] = []
     clock: dict = {}
-    args = SFTConfig(
-        **_common_training_args(cfg, out, report_to),
-        max_steps=steps,
-        per_device_train_batch_size=cfg.sft_batch_size,
-        learning_rate=learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=min(cfg.sft_warmup_steps, steps),
-        adam_beta2=0.98,
-        completion_only_loss=True,
-        packing=False,
-        max_length=64,
-    )
-    rows_seed = cfg.seed if phase == "sft" else cfg.seed + 7919  # the control draws its own solution order
-    # SFTTrainer tokenizes every row up front (39 CPU s for 1,400 steps x 128 rows) and cycles the dataset for as
-    # many epochs as `max_steps` needs, so SFT_PASSES draws of a solution per problem are enough rows.
-    num_rows = min(steps * cfg.sft_batch_size, SFT_PASSES * len(labelled))
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=sft_dataset(labelled, num_rows, cfg.sft_all_solutions, rows_seed),
-        processing_class=tokenizer,
-        callbacks=_callbacks(cfg, phase, held_out, tokenizer, curve, clock, wandb_run),
-    )
-    trainer.remove_callback(PrinterCallback)  # our Progress lines instead of every raw log dict
-    trainer.train()
+    callbacks = _callbacks(cfg, phase, held_out, tokenizer, curve, clock, wandb_run)
+    run_testbed_sft(cfg, phase, model, tokenizer, labelled, out, steps, learning_rate, report_to, callbacks)
     return curve, clock
 
 
@@ -181,7 +129,7 @@ def run_grpo(
     curve: list[dict] = []
     clock: dict = {}
     args = AblationGRPOConfig(
-        **_common_training_args(cfg, out, report_to),
+        **common_training_args(cfg, out, report_to),
         # The courses' vocabulary; by default on-policy: rollout batch = train batch = grpo_batch_size completions,
         # one epoch, so every step generates grpo_batch_size / group_size prompts x group_size completions.
         group_size=cfg.num_generations,
@@ -204,6 +152,7 @@ def run_grpo(
         temperature=cfg.temperature,
         skip_zero_advantage_completions=cfg.skip_zero_advantage,
         dynamic_sampling=cfg.dynamic_sampling,
+        static_cache_generation=cfg.static_cache,
         top_p=1.0,
         top_k=0,
         log_completions=False,

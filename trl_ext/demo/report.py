@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from trl_ext.reporting.figures import pyplot, save
@@ -13,14 +12,15 @@ def paired_sign_test(before: list[int], after: list[int]) -> dict:
     """Exact two-sided sign test on paired per-problem results (0/1 correctness or counts of correct samples).
 
     `gained` counts problems where `after > before`, `lost` those where `after < before`; ties carry no information
-    and drop out. p = P(min(lost, gained) this extreme | each untied problem is a fair coin), doubled, capped at 1
-    (for 0/1 results this is the exact McNemar test).
+    and drop out. p: `scipy.stats.binomtest` of `gained` among the untied problems against a fair coin, two-sided
+    (for 0/1 results this is the exact McNemar test); 1 when every problem ties.
     """
+    from scipy.stats import binomtest
+
     lost = sum(1 for b, a in zip(before, after, strict=True) if a < b)
     gained = sum(1 for b, a in zip(before, after, strict=True) if a > b)
-    n = lost + gained
-    tail = sum(math.comb(n, k) for k in range(min(lost, gained) + 1)) / 2**n if n else 1.0
-    return {"lost": lost, "gained": gained, "p_value": min(1.0, 2 * tail)}
+    p_value = binomtest(gained, lost + gained, 0.5).pvalue if lost + gained else 1.0
+    return {"lost": lost, "gained": gained, "p_value": float(p_value)}
 
 
 def compare(a: dict, b: dict) -> dict:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from trl_ext.demo.config import GPU_COMMAND, DemoConfig, parse_args
 from trl_ext.demo.control import finish_arm_process, run_control, start_arm_process
-from trl_ext.demo.data import DEMO_CHARS, make_splits, problem_key, split_labelled
-from trl_ext.demo.heldout import evaluate, response_stats
 from trl_ext.demo.phases import cpu_seconds, run_grpo, run_sft
 from trl_ext.demo.report import compare, comparison_table, plot_arms, plot_curve
+from trl_ext.testbed.heldout import evaluate, response_stats
+from trl_ext.testbed.warm_start import build_model, split_problems
 
 
 def _start_wandb(cfg: DemoConfig, out: Path):
@@ -41,6 +41,11 @@ def _load(path: Path | str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def _score(cfg: DemoConfig, model, tokenizer, held_out: list[dict]) -> dict:
+    """Greedy and sampled held-out accuracy (`trl_ext.testbed.heldout.evaluate`) at the run's settings."""
+    return evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length, cfg.static_cache)
 
 
 def _fmt(r: dict) -> str:
@@ -101,7 +106,7 @@ def _run_arms(
             )
             grpo_log = [h for h in trainer.state.log_history if "reward" in h or "train_runtime" in h]
             model = trainer.model
-            heldout = evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)
+            heldout = _score(cfg, model, tokenizer, held_out)
             arms["grpo"] = {"clock": clock, "heldout": heldout}
             model.save_pretrained(out / "final")
             tokenizer.save_pretrained(out / "final")
@@ -162,8 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[demo] Countdown: GRPO vs SFT-only control on CPU, seed {cfg.seed}, {torch.get_num_threads()} threads "
           f"-> {out}", flush=True)  # fmt: skip
 
-    labelled, unlabelled, held_out, overlap = _data(cfg)
-    tokenizer, model, num_params = _model(cfg)
+    labelled, unlabelled, held_out, overlap = split_problems(cfg)
+    tokenizer, model, num_params = build_model(cfg)
     print(
         f"[demo] {num_params:,} parameters; {len(labelled)} labelled and {len(unlabelled)} unlabelled training "
         f"problems, {len(held_out)} held-out",
@@ -174,14 +179,14 @@ def main(argv: list[str] | None = None) -> dict:
     wandb_run = _start_wandb(cfg, out)
     t = mark("wandb_start", t)
 
-    initial = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length)
+    initial = evaluate(model, tokenizer, held_out, 0, cfg.max_completion_length, cfg.static_cache)
     model, start_dir, curve, warm_start = _warm_start(cfg, model, tokenizer, labelled, held_out, out, wandb_run)
     t = mark("sft", t)
 
-    start = {"heldout": evaluate(model, tokenizer, held_out, cfg.eval_samples, cfg.max_completion_length)}
+    start = {"heldout": _score(cfg, model, tokenizer, held_out)}
     print(f"[demo] start of GRPO and control: {_fmt(start['heldout'])}", flush=True)
     if cfg.ei:  # the curves' common first point of entropy and length
-        start["response"] = response_stats(model, tokenizer, held_out, cfg.max_completion_length)
+        start["response"] = response_stats(model, tokenizer, held_out, cfg.max_completion_length, cfg.static_cache)
     t = mark("eval_start", t)
 
     arms, arm_curve, grpo_log = _run_arms(
@@ -244,34 +249,6 @@ def _warm_start(cfg, model, tokenizer, labelled, held_out, out: Path, wandb_run)
     model.save_pretrained(start_dir)
     tokenizer.save_pretrained(start_dir)
     return model, start_dir, points, {"clock": clock}
-
-
-def _data(cfg) -> tuple[list, list, list, set]:
-    """(labelled, unlabelled, held-out problems, their overlap with training: empty, else an error)."""
-    train, held_out = make_splits(cfg)
-    overlap = {problem_key(p) for p in train} & {problem_key(p) for p in held_out}
-    if overlap:  # the generator honours `exclude`; this guards the claim the numbers rest on
-        raise RuntimeError(f"{len(overlap)} held-out problems also appear in training")
-    labelled, unlabelled = split_labelled(train, cfg.num_labelled)
-    return labelled, unlabelled, held_out, overlap
-
-
-def _model(cfg):
-    """The character tokenizer, the tiny Qwen3 built from `cfg` (seeded), and its parameter count."""
-    from trl_ext.tiny import build_char_tokenizer, build_tiny_qwen3
-
-    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
-    model = build_tiny_qwen3(
-        tokenizer,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=64,
-        seed=cfg.seed,
-    )
-    return tokenizer, model, sum(p.numel() for p in model.parameters())
 
 
 def _comparisons(arms: dict) -> dict:

@@ -19,7 +19,7 @@ from typing import Any
 from trl_ext.evaluation.backend import choose_backend
 from trl_ext.evaluation.compare import compare_runs
 from trl_ext.evaluation.config import STOP, EvalConfig, check_model_name
-from trl_ext.evaluation.samples import cut_samples
+from trl_ext.evaluation.samples import Sample, cut_samples
 from trl_ext.evaluation.scoring import ground_truth_of, reward_name_for, score_samples
 from trl_ext.evaluation.summary import summarize
 from trl_ext.evaluation.transformers_backend import eos_token_ids, generate_transformers, load_model_and_tokenizer
@@ -83,7 +83,9 @@ def evaluate_model(
     ns: tuple[int, ...] = (1, 4, 8, 16),
     num_examples: int = 3,
     progress: bool = False,
-) -> tuple[dict, list[dict]]:
+    static_cache: bool = False,
+    with_samples: bool = False,
+) -> tuple[dict, list[dict]] | tuple[dict, list[dict], list[list[Sample]]]:
     """Samples, scores and summarises `n` completions per prompt with a loaded model; writes nothing.
 
     The same steps as `evaluate` for one budget: `generate_transformers` -> `cut_samples` (stop string / EOS /
@@ -103,10 +105,13 @@ def evaluate_model(
         ns: the N of pass@N / Best@N (N > n skipped).
         num_examples: examples kept per category.
         progress: show the tqdm bar.
+        static_cache: sample through `trl_ext.static_cache` instead of `generate` (`generate_transformers`).
+        with_samples: also return the samples as generated, `(P, n)` (their token ids, log-probs, entropies).
 
     Returns:
         `(summary, records)`: the `summarize` dict, and one record per sample (problem-major, `n` per problem)
-        with `response`, `reward`, `format_reward`, `answer_reward`, `category`, `mean_logprob`, ...
+        with `response`, `reward`, `format_reward`, `answer_reward`, `category`, `mean_logprob`, ... (and the
+        samples, with `with_samples`)
     """
     samples = generate_transformers(
         model,
@@ -120,10 +125,12 @@ def evaluate_model(
         batch_size=batch_size,
         stop=stop,
         progress=progress,
+        static_cache=static_cache,
     )
     cuts = cut_samples(samples, tokenizer, (max_new_tokens,), eos_token_ids(model, tokenizer), stop)
     records = score_samples(prompts, ground_truths, cuts, max_new_tokens, reward)
-    return summarize(records, n, ns, num_examples), records
+    summary = summarize(records, n, ns, num_examples)
+    return (summary, records, samples) if with_samples else (summary, records)
 
 
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict:

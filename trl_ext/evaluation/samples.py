@@ -9,10 +9,12 @@ from trl_ext.evaluation.config import STOP
 
 @dataclass
 class Sample:
-    """One generated continuation before cutting: `token_ids (T,)`, `logprobs (T,)` (raw model log-probs)."""
+    """One generated continuation before cutting: `token_ids (T,)`, `logprobs (T,)` (raw model log-probs) and, where
+    the sampler computes them (`trl_ext.static_cache`), `entropies (T,)` of the raw next-token distributions."""
 
     token_ids: list[int]
     logprobs: list[float]
+    entropies: list[float] | None = None
 
 
 def _first_stop_index(tokenizer, token_ids: list[int], stop: tuple[str, ...]) -> int | None:

@@ -94,9 +94,14 @@ def generate_transformers(
     stop: tuple[str, ...] = STOP,
     progress: bool = True,
     min_new_tokens: int = 0,
+    static_cache: bool = False,
 ) -> list[list[Sample]]:
     """Samples `(P, n)` with `model.generate`: `batch_size // n` prompts (at least one) per call, left-padded, each
     prompt's prefill computed once and its KV cache repeated for the n samples, with raw per-token log-probs.
+
+    `static_cache`: sample each call with `trl_ext.static_cache.sample_static_cache` instead of `generate` (the same
+    sampling at a fraction of the CPU for a small Llama-style model; same seeds per call). It stops at EOS or the
+    budget only: a stop string is cut afterwards, as it is from `generate`'s output (no `min_new_tokens`).
 
     Only the sampling we ask for is applied (`checkpoint_sampling_off`: no top-k, repetition penalty or temperature
     from the checkpoint's generation config), so temperature 1 / top-p 1 samples the model's own distribution as
@@ -126,8 +131,14 @@ def generate_transformers(
     per_batch = max(1, batch_size // n)  # whole groups: a prompt's n samples share one prefill
     batches = range(0, len(prompts), per_batch)
     desc = f"generate ({len(prompts)} prompts x {n})"
+    if static_cache and min_new_tokens:
+        raise ValueError("min_new_tokens needs generate (static_cache=False)")
     for b, start in enumerate(tqdm(batches, desc=desc, disable=not progress)):
         chunk = list(range(start, min(start + per_batch, len(prompts))))
+        if static_cache:
+            torch.manual_seed(seed * 1_000_003 + b)
+            _sample_static_cache(model, tokenizer, prompts, chunk, n, max_new_tokens, eos, temperature, top_p, result)
+            continue
         enc = tokenizer([prompts[p] for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         cache = _shared_prefill(model, ids, mask, n)
@@ -154,6 +165,23 @@ def generate_transformers(
             p, j = chunk[row // n], row % n
             result[p][j] = Sample(token_ids=new[row].tolist(), logprobs=logprobs[row, : new.shape[1]].tolist())
     return result
+
+
+def _sample_static_cache(model, tokenizer, prompts, chunk, n, max_new_tokens, eos, temperature, top_p, result):
+    """One call of `generate_transformers` through `sample_static_cache`: `n` rows per prompt of `chunk` (one prefill
+    each), written into `result[prompt][j]`."""
+    import torch
+
+    from trl_ext.static_cache import sample_static_cache
+
+    ids = [tokenizer(prompts[p], add_special_tokens=False)["input_ids"] for p in chunk]
+    with torch.no_grad(), checkpoint_sampling_off(model):
+        out = sample_static_cache(
+            model, [i for i in ids for _ in range(n)], max_new_tokens, eos, tokenizer.pad_token_id,
+            temperature=temperature, top_p=top_p, with_logprobs=True, with_entropies=True,
+        )  # fmt: skip
+    for row, (tokens, logprobs, entropies) in enumerate(zip(out.token_ids, out.logprobs, out.entropies, strict=True)):
+        result[chunk[row // n]][row % n] = Sample(token_ids=tokens, logprobs=logprobs, entropies=entropies)
 
 
 def _shared_prefill(model, ids, mask, n: int):

@@ -36,6 +36,7 @@ from trl_ext.grpo.axes import (
 from trl_ext.grpo.packing import PACKABLE_ATTENTION
 from trl_ext.grpo.rollouts.async_rollouts import check_async_rollouts_config
 from trl_ext.grpo.rollouts.dynamic_sampling import check_dynamic_sampling_config
+from trl_ext.grpo.rollouts.static_cache_generation import check_static_cache_config
 from trl_ext.objectives import ADVANTAGE_TYPES, LENGTH_NORMALIZATIONS
 from trl_ext.preflight.batch import batch_error, check_batches
 from trl_ext.preflight.environment import world_size_from_env as _world_size
@@ -228,6 +229,19 @@ class AblationGRPOConfig(GRPOConfig):
         },
     )
 
+    static_cache_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "Sample the rollouts with trl_ext's loop over a preallocated KV cache (trl_ext.static_cache) "
+            "instead of transformers' generate: each distinct prompt prefilled once for its group, one forward per "
+            "new token, finished completions leaving the batch. The same sampling (temperature, top_k, top_p, "
+            "min_p; EOS ends a completion), with much less overhead per token: for small decoders on a CPU, the "
+            "CPU testbed's recipes turn it on. Llama-style decoders only (Qwen3, Qwen2, Llama), text prompts; an "
+            "error with use_vllm, transformers' continuous batching, a repetition_penalty, generation_kwargs or a "
+            "cache_implementation."
+        },
+    )
+
     def __post_init__(self):
         self._resolve_axes()
         self._map_seed_batch_fields()
@@ -239,6 +253,7 @@ class AblationGRPOConfig(GRPOConfig):
         check_dynamic_sampling_config(self)
         self._check_padding_free()
         check_async_rollouts_config(self)
+        check_static_cache_config(self)
 
     def _check_padding_free(self):
         if self.padding_free and self.pad_to_multiple_of is not None:

@@ -33,6 +33,7 @@ from trl_ext.grpo.packing import packed_logps_and_entropies, packing_problem
 from trl_ext.grpo.rollouts.async_rollouts import AsyncRolloutsMixin, check_trainer_inputs
 from trl_ext.grpo.rollouts.dynamic_sampling import DynamicSamplingMixin, check_train_dataset
 from trl_ext.grpo.rollouts.finished import FinishedCompletionsMixin
+from trl_ext.grpo.rollouts.static_cache_generation import StaticCacheGenerationMixin
 from trl_ext.grpo.rows import FORWARD_KEYS, drop_zero_advantage_rows, loss_mask
 from trl_ext.grpo.vllm.generation import install_generation, vllm_generation_class
 from trl_ext.objectives import (
@@ -69,14 +70,19 @@ TRL_LOGGED_VALUES = {
 }
 
 
-class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, GRPOTrainer):
+class AblationGRPOTrainer(
+    DynamicSamplingMixin, FinishedCompletionsMixin, AsyncRolloutsMixin, StaticCacheGenerationMixin, GRPOTrainer
+):
     """Drop-in `trl.GRPOTrainer` whose objective is chosen by name along three axes (see `AblationGRPOConfig`).
 
     The MRO: `AblationGRPOTrainer -> DynamicSamplingMixin -> FinishedCompletionsMixin -> AsyncRolloutsMixin ->
-    GRPOTrainer`. Each TRL method is changed in one class only (tests/test_trl_internals.py checks), so no order
-    follows from the MRO: what the trainer changes, in order, is written out in `_install_behaviours` (and, per
-    generation batch, `_generate_and_score_completions`). TRL's vLLM generation and client are ours by subclassing
-    (`trl_ext.grpo.vllm`: `TrlExtVLLMGeneration`, `TrlExtVLLMClient`; their docstrings list their overrides).
+    StaticCacheGenerationMixin -> GRPOTrainer`. Each TRL method is changed in one class only
+    (tests/test_trl_internals.py checks), so no order follows from the MRO: what the trainer changes, in order, is
+    written out in `_install_behaviours` (and, per generation batch, `_generate_and_score_completions`). The one
+    exception, `_generate_single_turn`, is changed by two behaviours that never run together (async rollouts need
+    the vLLM server, static-cache generation refuses vLLM): each hands the call to `super()` when it is off. TRL's
+    vLLM generation and client are ours by subclassing (`trl_ext.grpo.vllm`: `TrlExtVLLMGeneration`,
+    `TrlExtVLLMClient`; their docstrings list their overrides).
 
     - this class: `__init__`, `_calculate_rewards`, `_generate_and_score_completions`,
       `_get_per_token_logps_and_entropies`, `_compute_loss`;
@@ -84,7 +90,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
     - `trl_ext.grpo.rollouts.finished.FinishedCompletionsMixin`: `_generate` (which completions finished, by vLLM's
       finish reasons or the stop strings);
     - `trl_ext.grpo.rollouts.async_rollouts.AsyncRolloutsMixin`: `train`, `get_batch_samples`, `_prepare_inputs`,
-      `_generate_single_turn` (the next generation batch requested ahead).
+      `_generate_single_turn` (the next generation batch requested ahead);
+    - `trl_ext.grpo.rollouts.static_cache_generation.StaticCacheGenerationMixin`: `_generate_single_turn` (the
+      rollouts sampled over a preallocated KV cache instead of `generate`, with `static_cache_generation`).
 
     This class's overrides:
 
@@ -142,6 +150,7 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
         with vllm_generation_class():  # TRL builds its vLLM generation as TrlExtVLLMGeneration
             super().__init__(model, reward_funcs, args=args, **kwargs)
         self._install_behaviours()
+        self._check_static_cache_model()
         if args.padding_free:
             problem = packing_problem(self.model, is_multimodal=self._is_vlm)
             if problem is not None:
@@ -175,7 +184,9 @@ class AblationGRPOTrainer(DynamicSamplingMixin, FinishedCompletionsMixin, AsyncR
            scoring of each generation batch (decided here, once);
         4. the compact LM head (`fused_head.compact_lm_head`, TRL's `_use_triton` swapped for each forward of
            `_get_per_token_logps_and_entropies`, a scoped exception of docs/architecture.md) and dynamic sampling
-           (`rollouts.dynamic_sampling`, in `_generate_and_score_completions`): nothing to install.
+           (`rollouts.dynamic_sampling`, in `_generate_and_score_completions`): nothing to install;
+        5. static-cache generation (`rollouts.static_cache_generation`, `static_cache_generation`): nothing to
+           install; its `_generate_single_turn` samples without vLLM, and `__init__` checks the model it runs.
         """
         install_generation(self)  # 1
         self._install_async_rollouts()  # 2

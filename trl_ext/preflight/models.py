@@ -211,6 +211,30 @@ def read_model_config(name_or_path: str) -> tuple[dict[str, Any] | None, str]:
     return None, f"{name_or_path}: not a local folder, not in the hub cache, not a shipped model"
 
 
+@dataclass(frozen=True)
+class PlannedModel:
+    """A model folder that a named step of the run builds before training (the CPU testbed's SFT warm start): until
+    it exists, the preflight plans with the config the step will write instead of reading the folder, and the plan
+    shows the step.
+
+    Attributes:
+        path: the folder (the recipe's `model_name_or_path`).
+        config: the model's `config.json` as the step writes it.
+        step: what the step does, for the plan.
+        built: the folder holds the model already (the step will find it and build nothing).
+    """
+
+    path: str
+    config: dict[str, Any]
+    step: str
+    built: bool
+
+    def render(self) -> str:
+        if self.built:
+            return f"model:   {self.path} (built by an earlier run: {self.step}; reused)"
+        return f"model:   {self.path}, built first by this run ({self.step}), then trained"
+
+
 def load_model_shape(name_or_path: str) -> tuple[ModelShape | None, str]:
     """`ModelShape` of a model id or folder (see `read_model_config`), or `(None, reason)`."""
     config, source = read_model_config(name_or_path)

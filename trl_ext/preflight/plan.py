@@ -33,7 +33,7 @@ from trl_ext.preflight.environment import (
 )
 from trl_ext.preflight.fit import MemoryFit, fit_memory
 from trl_ext.preflight.memory import MemoryEstimate
-from trl_ext.preflight.models import ModelShape, load_model_shape
+from trl_ext.preflight.models import ModelShape, PlannedModel, load_model_shape
 from trl_ext.preflight.packed_models import padding_free_problems
 from trl_ext.preflight.problems import PreflightError, Problem
 from trl_ext.preflight.rundir import RUN_RECORD, OutputDirPlan, make_record, plan_output_dir
@@ -109,6 +109,7 @@ def check_recipe(
     context: RunContext,
     stated: Mapping[str, Any],
     environ: dict[str, str] | None = None,
+    planned_model: PlannedModel | None = None,
 ) -> Preflight:
     """Every preflight check of a parsed GRPO recipe on `context` (module docstring).
 
@@ -120,9 +121,11 @@ def check_recipe(
         context: where it runs.
         stated: the fields the recipe states (YAML chain and flags; `trl_ext.recipes.stated_values`).
         environ: the environment wandb's mode is read from and written to (default `os.environ`).
+        planned_model: the model a step of the run builds before training (`model_name_or_path`), if any.
     """
     script_args, args, model_args = parsed
     report = Preflight(recipe=str(recipe or "(no --config)"), context=context)
+    pending = planned_model if planned_model is not None and not planned_model.built else None
     problems = report.problems
     _placement(report, args)
 
@@ -148,7 +151,7 @@ def check_recipe(
         if queued is not None:  # async rollouts: the staleness and the batch waiting in host memory
             report.lines += queued.render(args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max)
             report.problems += check_async(queued, available_memory_bytes())
-        _memory_and_disk(report, task, script_args, args, model_args, layout, values)
+        _memory_and_disk(report, task, script_args, args, model_args, layout, values, pending)
     _semantics(report, script_args, args, model_args)
     _group_port(report, args)
     _output(report, recipe, argv, stated, script_args, args, model_args)
@@ -161,7 +164,10 @@ def check_recipe(
     report.lines.append(
         f"logs:    {args.output_dir} (trainer_state.json, rollouts.jsonl, {RUN_RECORD}); wandb {wandb_line}"
     )
-    problems += check_model_source(model_args.model_name_or_path)
+    if planned_model is not None:
+        report.lines.append(planned_model.render())
+    if pending is None:  # a folder a step builds first is checked by that step
+        problems += check_model_source(model_args.model_name_or_path)
     if getattr(args, "padding_free", False):  # a model whose packed rows could attend to each other
         problems += padding_free_problems(model_args.model_name_or_path or "")
     problems += check_data_source(script_args.dataset_source, "dataset_source")
@@ -206,12 +212,23 @@ def _cpu(cores: tuple[int, ...]) -> str:
 
 
 def _memory_and_disk(
-    report: Preflight, task: str, script_args, args, model_args, layout: BatchLayout, values: Mapping[str, Any]
+    report: Preflight,
+    task: str,
+    script_args,
+    args,
+    model_args,
+    layout: BatchLayout,
+    values: Mapping[str, Any],
+    pending: PlannedModel | None = None,
 ) -> None:
-    """One pass: the model's shape and the run's `TrainingSetup`, each read once; the memory fit against the limit
-    (`fit_memory`: the estimate, the padding-free pick, the knobs) and the disk plan, both from them."""
+    """One pass: the model's shape and the run's `TrainingSetup`, each read once (from the config a step of the run
+    will write, for a `pending` model); the memory fit against the limit (`fit_memory`: the estimate, the
+    padding-free pick, the knobs) and the disk plan, both from them."""
     context = report.context
-    shape, source = load_model_shape(model_args.model_name_or_path or "")
+    if pending is not None:
+        shape, source = ModelShape.from_config(pending.config, name=pending.path), "the config its build step writes"
+    else:
+        shape, source = load_model_shape(model_args.model_name_or_path or "")
     if shape is None:
         report.lines.append(f"memory:  no estimate ({source})")
         return

@@ -1,11 +1,18 @@
-"""`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml).
+"""`demo_warm_start: true`: a Countdown recipe that trains the CPU demo's GRPO phase (recipes/countdown/cpu_demo.yaml)
+on the CPU testbed (`trl_ext.testbed`, which the demo shares).
 
-- the model: the demo's SFT warm start, built into `model_name_or_path` on first use (`trl_ext.demo.warm_start`);
-- the training problems: the demo's unlabelled ones (`limit` keeps the first N), compact prompts;
-- the validation: the demo's held-out problems (`eval_limit`: the first N of the 512) scored by the demo's own
-  `heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at temperature 1)
-  and `heldout.response_stats` (one sample per problem: entropy, mean length, mean length of the correct and of
-  the incorrect responses, in tokens), at step 0, every `eval_steps` and after the last step (`final_eval`).
+- the model: the testbed's SFT warm start, built into `model_name_or_path` by the run's first step when it is not
+  there (`trl_ext.testbed.warm_start.ensure_warm_start`; the preflight's plan shows the step, the checks build
+  nothing);
+- the training problems: the testbed's unlabelled ones (`limit` keeps the first N), compact prompts;
+- the validation: the testbed's held-out problems (`eval_limit`: the first N of the 512) scored by
+  `trl_ext.testbed.heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at
+  temperature 1) and the responses' entropy, mean length, mean length of the correct and of the incorrect
+  responses (in tokens), at step 0, every `eval_steps` and after the last step (`final_eval`); sampled as the
+  rollouts are. With `static_cache_generation` the sampling goes through `trl_ext.static_cache`, which gives each
+  token's entropy as it samples, so the response statistics are those of the `num_generations_eval` samples per
+  problem that the sampled accuracy scores (no sampling or forward of their own); otherwise (or with
+  `num_generations_eval: 0`) `heldout.response_stats` draws one sample per problem for them.
   The numbers go into the trainer's log history as `heldout/<name>` (trainer_state.json), where `trl-ext study
   report` and `trl-ext plot` read them; TRL's own evaluation does not run.
 
@@ -30,7 +37,7 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
     Raises:
         RecipeError: naming the field that the combination ignores or that contradicts the warm start.
     """
-    from trl_ext.demo.config import DemoConfig
+    from trl_ext.testbed.config import TestbedConfig
 
     for name in REPLACED:
         if name in stated:
@@ -41,7 +48,7 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
             f"set prompt: compact and chat_template: false (got prompt {script_args.prompt!r}, chat_template "
             f"{script_args.chat_template})"
         )
-    size = DemoConfig().num_eval_problems
+    size = TestbedConfig().num_eval_problems
     if script_args.eval_limit is None or not 1 <= script_args.eval_limit <= size:
         raise RecipeError(
             f"eval_limit={script_args.eval_limit}: demo_warm_start validates on the first N of the demo's "
@@ -64,11 +71,11 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
 
 
 def load_demo_datasets(script_args):
-    """(training dataset of the demo's unlabelled problems, the held-out problems to validate on)."""
-    from trl_ext.demo.data import grpo_dataset
-    from trl_ext.demo.warm_start import demo_problems
+    """(training dataset of the testbed's unlabelled problems, the held-out problems to validate on)."""
+    from trl_ext.testbed.problems import grpo_dataset
+    from trl_ext.testbed.warm_start import testbed_problems
 
-    unlabelled, held_out = demo_problems()
+    unlabelled, held_out = testbed_problems()
     if script_args.limit is not None:
         unlabelled = unlabelled[: script_args.limit]
     return grpo_dataset(unlabelled), held_out[: script_args.eval_limit]
@@ -91,15 +98,18 @@ def validation_points(
     return sorted(points)
 
 
-def heldout_numbers(model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int) -> dict:
-    """The `heldout/*` numbers of one validation (module docstring)."""
+def heldout_numbers(
+    model, tokenizer, problems: list[dict], num_samples: int, max_new_tokens: int, static_cache: bool = False
+) -> dict:
+    """The `heldout/*` numbers of one validation (module docstring); `static_cache`: sampled through
+    `trl_ext.static_cache` (the run's `static_cache_generation`)."""
     import time
 
-    from trl_ext.demo.heldout import evaluate, response_stats
+    from trl_ext.testbed.heldout import evaluate, response_stats
 
-    started = time.perf_counter()
-    scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens)
-    stats = response_stats(model, tokenizer, problems, max_new_tokens)
+    started, cpu = time.perf_counter(), time.process_time()
+    scores = evaluate(model, tokenizer, problems, num_samples, max_new_tokens, static_cache)
+    stats = scores.get("response") or response_stats(model, tokenizer, problems, max_new_tokens, static_cache)
     out = {"greedy_accuracy": scores["greedy_accuracy"]}
     if num_samples:
         out["sampled_accuracy"] = scores["sampled_accuracy"]
@@ -111,6 +121,7 @@ def heldout_numbers(model, tokenizer, problems: list[dict], num_samples: int, ma
         incorrect_length=stats["incorrect_length"],
         sample_accuracy=stats["accuracy"],
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu,
     )
     return {PREFIX + k: v for k, v in out.items() if v is not None}
 
@@ -126,6 +137,7 @@ def heldout_callback(tokenizer, problems: list[dict], training_args, final: bool
     on_start = bool(training_args.eval_on_start)
     num_samples = training_args.num_generations_eval or 0
     max_new_tokens = training_args.max_completion_length
+    static_cache = bool(getattr(training_args, "static_cache_generation", False))
 
     class HeldoutValidation(TrainerCallback):
         def __init__(self):
@@ -144,7 +156,7 @@ def heldout_callback(tokenizer, problems: list[dict], training_args, final: bool
             if not state.is_world_process_zero:
                 return
             numbers = heldout_numbers(
-                getattr(model, "module", model), self.tokenizer, problems, num_samples, max_new_tokens
+                getattr(model, "module", model), self.tokenizer, problems, num_samples, max_new_tokens, static_cache
             )
             state.log_history.append({**numbers, "step": state.global_step})
             shown = ", ".join(f"{k.removeprefix(PREFIX)} {v:.4g}" for k, v in numbers.items())

@@ -91,16 +91,19 @@ def check_parsed_recipe(
     script_args, training_args, model_args = recipe.parsed
     if getattr(script_args, "tiny_model", False):  # built before the checks (and the server) look for it
         ensure_tiny_model(model_args.model_name_or_path)
-    if getattr(script_args, "demo_warm_start", False):  # checked, then built before anything looks for it
+    planned = None
+    if getattr(script_args, "demo_warm_start", False):  # checked here; built by the run's first step (planned)
         if recipe.task != "countdown":
             raise RecipeError(f"demo_warm_start trains the Countdown demo's model; {recipe.task} has no warm start")
-        from trl_ext.demo.warm_start import ensure_warm_start
         from trl_ext.recipes.demo_warm_start import check_demo_recipe
+        from trl_ext.testbed.warm_start import planned_warm_start
 
         check_demo_recipe(recipe.stated, script_args, training_args)
-        ensure_warm_start(model_args.model_name_or_path)
+        planned = planned_warm_start(model_args.model_name_or_path)
     context = make_context(recipe.parsed)
-    return check_recipe(recipe.task, recipe.config, list(recipe.argv), recipe.parsed, context, recipe.stated, environ)
+    return check_recipe(
+        recipe.task, recipe.config, list(recipe.argv), recipe.parsed, context, recipe.stated, environ, planned
+    )
 
 
 def entry_preflight(task: str, argv: Sequence[str] | None = None) -> tuple[tuple, Preflight]:

@@ -1,4 +1,4 @@
-"""The demo's problems: fixed held-out set, labelled / unlabelled training split, SFT and GRPO rows."""
+"""The testbed's problems: fixed held-out set, labelled / unlabelled training split, SFT and GRPO rows."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def problem_key(problem: dict) -> tuple[tuple[int, ...], int]:
 
 
 def make_splits(cfg) -> tuple[list[dict], list[dict]]:
-    """(train, held_out) problem lists of a `DemoConfig`; held-out is fixed by `EVAL_SEED`, train (drawn with
+    """(train, held_out) problem lists of a `TestbedConfig`; held-out is fixed by `EVAL_SEED`, train (drawn with
     `problem_seed`, else `seed`) excludes its keys."""
     from trl_ext.tasks import make_countdown_problems
 
