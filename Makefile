@@ -15,7 +15,7 @@ GPU_EXTRAS ?= dev,vllm,deepspeed,bitsandbytes
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: install run test outcome-matrix lint format assets clean
+.PHONY: install run test test-cluster outcome-matrix lint format assets clean
 
 install: $(STAMP)
 
@@ -50,7 +50,14 @@ run: install
 # --dist loadscope: a module's tests share one worker, so a module-scoped fixture (a vLLM engine) starts once.
 test: install assets
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
-		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15 \
+		-m "not cluster" $(PYTEST_ARGS)
+
+# The two-node Slurm cluster (tests/test_study_two_nodes.py): four runs across two network namespaces, about 12 minutes
+# of CPU, so a tier of its own; CI runs it after `make test`. Needs root, network namespaces, slurm-wlm, munge, iproute2.
+test-cluster: install assets
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline OMP_NUM_THREADS=1 \
+		TRL_EXT_REQUIRE_VLLM=$(if $(HAS_CUDA),0,1) $(PY) -m pytest -q -m cluster --durations=10 $(or $(PYTEST_ARGS),tests/test_study_two_nodes.py)
 
 # The learning-outcome tests under ATEN_CPU_CAPABILITY=default / avx2 / avx512 (those this CPU has) x 1 and 2 torch
 # threads: pass/fail and each measured margin per setting (docs/testing.md); MATRIX_ARGS="--threads 1" etc.

@@ -46,6 +46,9 @@ so neither side works during it, while the ideal counts it as training: the best
 is `push_bound_speedup` = sync step / (max(generation, training - push) + push), below the ideal when generation is
 the slower side or even (on this toy model the push is about a sixth of a generation).
 
+The machine's load during the whole run is recorded (`load`, benchmarks/_load.py); a loaded machine's figures are
+written only with `--loaded`, and marked so.
+
     python benchmarks/bench_async.py                 # the measurement (15 runs; 4,129 s on 2 cores at load 5-10)
     python benchmarks/bench_async.py --batches 96,128 --seeds 0,1,2   # both settings, 3 seeds
     python benchmarks/bench_async.py --quick         # a dry run of every phase at toy size (writes WORK/async.json)
@@ -65,6 +68,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _load import MachineLoad, add_load_argument, refuse_if_loaded  # noqa: E402
 from _runs import child_env, child_env_changes, run_logged  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "async.json"
@@ -101,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="Toy size: every phase, nothing worth quoting.")
     p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)  # internal: one arm, in a child
     p.add_argument("--run", default="", help=argparse.SUPPRESS)  # internal: the arm's record name
+    add_load_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batches, args.sft_steps, args.eval_problems, args.eval_samples = 6, "32", 20, 64, 2
@@ -442,6 +447,7 @@ def main() -> None:
     if args.arm:
         return run_arm(args)
     started = time.perf_counter()
+    load = MachineLoad()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     walls = {}
@@ -458,7 +464,7 @@ def main() -> None:
     t = time.perf_counter()
     server = start_server(args.init_model, args.port, work / "server.log")
     walls["server_start"] = time.perf_counter() - t
-    skip = ("arm", "run", "quick", "out", "batches", "batch", "seeds", "seed")
+    skip = ("arm", "run", "quick", "out", "batches", "batch", "seeds", "seed", "loaded")
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in skip]
     settings = []
     try:
@@ -475,16 +481,18 @@ def main() -> None:
         server.stop()
     result = {**settings[0], "settings": settings}  # the first (balanced) setting's figures at the top level
     result["setting"] = {
-        k: v for k, v in vars(args).items() if k not in ("arm", "run", "batch", "out", "work", "port")
+        k: v for k, v in vars(args).items() if k not in ("arm", "run", "batch", "out", "work", "port", "loaded")
     }
     if Path(args.init_model).is_relative_to(ROOT):  # the run folder relative to the repository
         result["setting"]["init_model"] = str(Path(args.init_model).relative_to(ROOT))
     result["core_overlap"] = overlap
     result["walls"] = walls
     result["total_wall_seconds"] = time.perf_counter() - started
-    result["machine"] = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "platform": platform.platform()}
+    result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    result["load"] = load.stop()
     result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                       text=True).stdout.strip()  # fmt: skip
+    refuse_if_loaded(result["load"], args.loaded or args.quick, args.out)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     keys = ["sync_seconds_per_step", "async_seconds_per_step", "async_nocorr_seconds_per_step", "speedup",
             "speedup_nocorr", "ideal_speedup", "speedup_over_ideal", "push_bound_speedup",

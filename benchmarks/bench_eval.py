@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from _data import data_dir, describe
+from _load import MachineLoad, add_load_argument, refuse_if_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = data_dir()
@@ -69,8 +70,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="model dir (default: the cached SmolLM2, fetched if absent)")
+    add_load_argument(parser)
     args = parser.parse_args()
     print(describe())
+    load = MachineLoad()
 
     import torch
 
@@ -142,7 +145,9 @@ def main() -> int:
         },
         "note": "tokens/s counts generated tokens; time includes the prompt prefill. load_average_1m > threads "
         "means other jobs shared the CPU during the run (compare tokens_per_cpu_s then).",
+        "load": load.stop(),
     }
+    refuse_if_loaded(result["load"], args.loaded, RESULTS)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS}")

@@ -11,6 +11,9 @@ flipped every repeat (ABBA), the first step of each run is warm-up and excluded.
 (per-step CPU time of the training process, robust to other jobs on a shared CPU; wall time is recorded too) and the
 median peak-RSS ratio (ours / stock, goal <= 1.03) and writes benchmarks/results/trainer.json.
 
+The machine's load during the runs is recorded (`load`, benchmarks/_load.py) in both result files; a loaded
+machine's figures are written only with `--loaded`, and marked so.
+
     python benchmarks/bench_trainer.py                # 12 runs + 2 paired, 5-10 minutes on 2 busy CPU cores
     python benchmarks/bench_trainer.py --repeats 4 --steps 8 --threads 2
 
@@ -44,6 +47,7 @@ from pathlib import Path
 
 from _data import data_dir, describe
 from _fixed_rollouts import PF_COMPLETION, PF_PROMPT_TOKENS, FixedRollouts, id_reward
+from _load import MachineLoad, add_load_argument, refuse_if_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = data_dir()
@@ -267,7 +271,7 @@ def _medians(runs: list[dict]) -> dict[str, float]:
     }
 
 
-def padding_free_main(args) -> None:
+def padding_free_main(args, load: MachineLoad) -> None:
     """Stock vs ours padding-free vs ours compact-head-only per per-device batch; writes `PF_RESULTS`."""
     import tempfile
 
@@ -351,7 +355,9 @@ def padding_free_main(args) -> None:
         },  # fmt: skip
         "summary": summary,
         "runs": runs,
+        "load": load.stop(),
     }
+    refuse_if_loaded(result["load"], args.loaded or args.quick, PF_RESULTS)
     PF_RESULTS.parent.mkdir(parents=True, exist_ok=True)
     PF_RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {PF_RESULTS.relative_to(ROOT)}")
@@ -374,6 +380,7 @@ def main() -> None:
     parser.add_argument("--impl", choices=["stock", "ours", *PF_IMPLS], help=argparse.SUPPRESS)
     parser.add_argument("--pair", choices=list(PAIRS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    add_load_argument(parser)
     args = parser.parse_args()
     if args.quick:
         args.batches, args.repeats, args.steps = "8", args.repeats or 1, args.steps or 2
@@ -386,8 +393,9 @@ def main() -> None:
         paired_worker(args)
         return
     print(describe())
+    load = MachineLoad()
     if args.padding_free:
-        padding_free_main(args)
+        padding_free_main(args, load)
         return
 
     import tempfile
@@ -459,7 +467,9 @@ def main() -> None:
         "summary": summary,
         "all_within_goal": all(s["step_time_ratio"] <= GOAL and s["peak_rss_ratio"] <= GOAL for s in summary.values()),
         "runs": runs,
+        "load": load.stop(),
     }
+    refuse_if_loaded(result["load"], args.loaded, RESULTS)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from pathlib import Path
 
@@ -69,11 +71,11 @@ def tiny_model(char_tokenizer):
 # processing time first). xdist's default reorder sorts modules by their number of tests, which put these few-test,
 # minute-long modules last, with one worker idle while the other ran them.
 LONGEST_FIRST = (
+    "test_study_two_nodes.py",  # a two-node Slurm cluster: a study run started three times, a reference run beside
     "test_demo.py",  # the reduced demo at two seeds (GRPO and its SFT-only control side by side)
     "test_vllm_server_sync.py",  # a real server, trainers (2 ranks under ZeRO-3 and DDP, then one process) syncing
     "test_vllm_colocate.py",  # four colocated-engine runs in one child process (three other modules' checks)
     "test_vllm_launch.py",  # two real `trl vllm-serve` starts
-    "test_study_slurm.py",
     "test_preflight_runs.py",
     "test_study_runner.py",
     "test_zero_training.py",  # DDP, ZeRO-2 and ZeRO-3 one after the other in one 2-process launch
@@ -88,6 +90,22 @@ LONGEST_FIRST = (
     "test_trainer_distributed.py",
     "test_gpu_check.py",
 )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collecting imports torch, transformers, TRL and vLLM: about 750k objects, which the cyclic garbage collector
+    walks again and again while they load (4 CPU s per pytest process on a 2-core CPU). It is off while the test
+    modules are collected; then one collection and `gc.freeze()` move every object alive out of its reach, so the
+    full collections transformers and accelerate run when a training run ends walk only what the tests created."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+        atexit.register(gc.unfreeze)  # collectable again at exit, else nanobind reports them as leaked
 
 
 def pytest_collection_modifyitems(config, items):

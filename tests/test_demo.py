@@ -29,7 +29,7 @@ SMALL = [
     "--hidden_size", "64", "--num_layers", "2", "--intermediate_size", "128",
     "--sft_steps", "300", "--sft_batch_size", "64", "--sft_learning_rate", "5e-3",
     "--grpo_steps", "300", "--grpo_batch_size", "128", "--num_generations", "8", "--max_completion_length", "16",
-    "--learning_rate", "1e-3", "--control_steps", "500", "--control_learning_rate", "5e-3",
+    "--learning_rate", "1e-3", "--control_steps", "300", "--control_learning_rate", "5e-3",
     "--curve_points", "3", "--seed", "0",
     # The arms run side by side with half the threads each: 1 thread each in `make test`; the outcome matrix's
     # TRL_EXT_TEST_THREADS=2 gives each arm 2 (and the warm start 4).
@@ -172,7 +172,10 @@ def test_grpo_beats_the_sft_only_control_and_raises_the_held_out_reward(reduced_
     seed 0: 3.19 / 4.15 / 2.57 / 1.69 (ATEN default)                     3.90 / 4.90 / 2.95 / 2.80 (avx2: unset here)
     seed 1: 2.94 / 4.17 / 2.15 / 2.40 (ATEN default)                     4.84 / 5.47 / 4.45 / 4.07 (avx2)
     pooled: 4.33 / 5.89 / 3.33 / 2.88 (ATEN default)                     6.19 / 7.34 / 5.26 / 4.87 (avx2)
-    (sampled accuracy: start 5.5-7.2%, GRPO 10.0-13.8%, control 6.2-9.3%). Greedy is one 0/1 outcome per problem
+    (sampled accuracy: start 5.5-7.2%, GRPO 10.0-13.8%, control 6.2-9.3%). Those runs sampled with `generate`; with
+    the static cache (rollouts and scoring) and the control at 300 steps, on that AVX2 EPYC, 1 thread, pooled:
+    3.86 / 4.66 / 3.20 / 2.84 (avx2)                                     4.42 / 5.14 / 3.37 / 1.75 (ATEN default)
+    (sampled accuracy: start 5.5%, GRPO 7.5-10.7%, control 5.4-6.1%). Greedy is one 0/1 outcome per problem
     and is held to its direction vs the control; sampled accuracy (16 samples a problem) carries the significance.
 
     Fails if GRPO learns nothing from the verifier (advantages of the wrong sign make GRPO fall below its start, so
@@ -259,7 +262,7 @@ def test_written_metrics_match_the_saved_models(reduced_run):
     assert [(c["phase"], c["step"]) for c in m["curve"]] == [
         *[("sft", s) for s in (100, 200, 300)],
         *[("grpo", s) for s in (100, 200, 300)],
-        *[("control", s) for s in (167, 333, 500)],
+        *[("control", s) for s in (100, 200, 300)],
     ]
     for arm in ("grpo", "control"):
         points = [c for c in m["curve"] if c["phase"] == arm]

@@ -137,7 +137,8 @@ def _replay_server(exchanges: list[dict]):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # `shutdown()` returns when the serving loop next looks at its stop flag (every 0.5 s by default): 0.05 s here
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

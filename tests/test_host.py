@@ -15,3 +15,10 @@ def test_log_tail_gives_the_last_lines_as_written(tmp_path):
 def test_log_tail_without_a_readable_log():
     assert log_tail(None, 5) == ""
     assert log_tail("/nonexistent/server.log", 5) == "(the log cannot be read)"
+
+
+def test_log_tail_shows_a_progress_bar_line_as_a_terminal_does(tmp_path):
+    """A line a progress bar rewrote with carriage returns (tqdm) is its last version; Windows line ends are ends."""
+    log = tmp_path / "run.log"
+    log.write_bytes(b"start\r\n 10%|#  | 1/10\r 20%|## | 2/10\r 30%|###| 3/10\nerror: boom\n")
+    assert log_tail(log, 3) == "start\n 30%|###| 3/10\nerror: boom"

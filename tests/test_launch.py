@@ -583,3 +583,73 @@ def test_data_parallel_is_refused_for_dense_models(rig):
         plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=2, vllm_dp=2, log_dir=rig.dir)
     with pytest.raises(LaunchError, match=r"--vllm-tp 3 does not shard Qwen/Qwen3-1.7B .* 1, 2, 4"):
         plan_launch(four, rig.recipe, rig.config, num_gpus=8, vllm_tp=3, log_dir=rig.dir)
+
+
+def test_serve_only_starts_the_recipes_server_alone_on_this_machines_address(rig):
+    """`--serve-only` (the server on a node of its own): the same server command, listening on the given address
+    (default: the address this machine's name resolves to) at the recipe's port (not picked: the trainers elsewhere
+    state it), on every GPU here; no trainer. Run, it serves until SIGTERM and stops its server. A recipe that is not
+    in server mode is refused."""
+    from trl_ext.launch.remote_server import this_machine_address
+
+    accel = CONFIGS / "vllm_server_gpu0_train_gpu1.yaml"
+    plan = plan_launch(accel, rig.recipe, rig.config, num_gpus=2, serve_only=True, bind="127.0.0.1",
+                       server_cmd=rig.server_cmd(), log_dir=rig.dir / "logs")  # fmt: skip
+    assert plan.trainer is None and plan.server_gpus == ("0",) and plan.port == rig.port
+    assert plan.host == "127.0.0.1" and "trainer:" not in plan.render()
+    assert f"listening on 127.0.0.1:{rig.port} for the machines that train" in plan.render()
+    default = plan_launch(accel, rig.recipe, rig.config, num_gpus=2, serve_only=True)
+    assert default.server.argv[default.server.argv.index("--host") + 1] == this_machine_address()
+    import threading
+
+    said: list[str] = []
+
+    def stop_once_serving():  # SIGTERM to this process, as to a launch: the launcher's handler takes it
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any("serving until stopped" in line for line in said):  # the launcher's handler is in place
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=stop_once_serving, daemon=True).start()
+    assert run_launch(plan, grace=3, poll_interval=0.05, echo=said.append) == 143
+    assert said[-1] == "interrupted by SIGTERM: vLLM server stopped" and "serving until stopped" in said[-2], said
+    _assert_all_gone(rig.server_record)
+    (rig.dir / "plain.yaml").write_text("base: base.yaml\nvllm_mode: colocate\n")
+    with pytest.raises(LaunchError, match="--serve-only: recipe .*plain.yaml does not use vLLM server mode"):
+        plan_launch(accel, rig.recipe, rig.dir / "plain.yaml", num_gpus=2, serve_only=True)
+
+
+def test_a_server_on_another_machine_is_named_and_waited_for_and_an_unreachable_one_refused(rig):
+    """`vllm_server_host` naming another machine: the plan names its host, address and URL; a host that does not
+    resolve is refused before anything starts; run, the launch waits for the server's /health before the trainer
+    starts and, when nothing answers in `--health-timeout`, stops with the URL and how to start the server there
+    (the trainer never started)."""
+    accel = CONFIGS / "vllm_server_gpu0_train_gpu1.yaml"
+    with pytest.raises(LaunchError, match=r"vllm_server_host 'no-such-node.invalid' does not resolve"):
+        plan_launch(accel, rig.recipe, rig.config, ["--vllm_server_host", "no-such-node.invalid"], num_gpus=2)
+    plan = plan_launch(accel, rig.recipe, rig.config, ["--vllm_server_host", "127.0.0.2"], num_gpus=2,
+                       train_cmd=rig.train_cmd())  # fmt: skip
+    url = f"http://127.0.0.2:{rig.port}/health"
+    assert plan.server is None and plan.remote_health_url == url
+    assert "the vLLM server runs on 127.0.0.2 (127.0.0.2), not here: the trainer reaches it at" in plan.render()
+    with pytest.raises(LaunchError, match=rf"the vLLM server at {url} did not answer within 1 s: start it"):
+        run_launch(plan, health_timeout=1, poll_interval=0.2, echo=lambda _: None)
+    assert not rig.trainer_record.exists()
+
+
+def test_cpu_training_processes_of_a_group_run_on_plain_cpu(rig):
+    """Several CPU training processes (`cpu_two_nodes.yaml`, and a one-machine copy): accelerate starts them through
+    torchrun, which drops the config's `use_cpu` (each Trainer would train alone) and names their device `cpu:0`
+    (torch cannot load a resumed optimizer state to it): the trainer gets ACCELERATE_USE_CPU and
+    ACCELERATE_TORCH_DEVICE=cpu. Not for one process, nor DeepSpeed (which the first would turn off)."""
+    want = {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}
+    plain = rig.dir / "plain.yaml"
+    plain.write_text("base: base.yaml\nvllm_mode: colocate\nuse_vllm: false\n")
+    for rank in (0, 1):
+        plan = plan_launch(CONFIGS / "cpu_two_nodes.yaml", rig.recipe, plain, num_gpus=0, machine_rank=rank)
+        assert want.items() <= plan.trainer.env.items() and plan.trainer.argv[4:6] == ("--machine_rank", str(rank))
+    for config in ("cpu.yaml", "cpu_zero3.yaml"):
+        plan = plan_launch(CONFIGS / config, rig.recipe, plain, num_gpus=0)
+        assert not set(want) & set(plan.trainer.env), config

@@ -5,7 +5,7 @@ import is no way around an import loop: the preflight once imported the recipes,
 
 Top to bottom: `cli` -> `study` -> `launch` -> `recipes`, `discover` -> `demo` -> `expert_iteration`, `testbed` ->
 `evaluation` -> `grpo` -> `preflight`, `tasks`, `reporting` -> `objectives`, `rewards`, `tiny`, `assets`, `host`,
-`lazy`, `static_cache`."""
+`lazy`, `run_status`, `static_cache`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_ext"
 LAYERS = (
-    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "static_cache"),
+    ("objectives", "rewards", "tiny", "assets", "host", "lazy", "run_status", "static_cache"),
     ("preflight", "tasks", "reporting"),
     ("grpo",),
     ("evaluation",),

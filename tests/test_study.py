@@ -7,11 +7,13 @@ import json
 import math
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import shared_path
 
+from trl_ext.run_status import RunStatus, write_status
 from trl_ext.study.placement import ports, waves
 from trl_ext.study.planning import RunPlan, plan_study
 from trl_ext.study.progress import is_finished, read_progress
@@ -110,23 +112,83 @@ def launch_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
-def test_every_shipped_study_parses_and_every_arm_plans(path, launch_folder):
-    """Each arm's first seed through the launcher's plan and preflight, on an 8-GPU node for the GPU studies."""
+CPU_STUDIES = [p for p in STUDIES if "cpu" in p.stem]
+GPU_STUDIES = [p for p in STUDIES if "cpu" not in p.stem]
+
+
+@pytest.mark.parametrize("path", CPU_STUDIES, ids=[p.stem for p in CPU_STUDIES])
+def test_every_shipped_cpu_study_plans_on_this_machine(path, launch_folder):
+    """Each arm's first seed through the launcher's plan and preflight on this machine's cores."""
     study = load_study(path)
-    cpu = "cpu" in path.stem
     first = [r for r in study.runs() if r.seed == study.seeds[0]]
-    plans, where = plan_study(study, gpus=None if cpu else 8, runs=first, check_packages=False)
+    plans, where = plan_study(study, runs=first, check_packages=False)
     assert [p.run.arm.name for p in plans] == [a.name for a in study.arms]
-    if cpu:
-        assert where.startswith("no GPU") and all(p.need == 1 and not p.gpu for p in plans)
-    else:
-        assert where == "8 GPU(s) from --num-gpus"
-        sft = path.stem.startswith("math_sft")
-        # the server on one GPU and training on the next (SFT: one GPU, vLLM colocated)
-        assert {p.need for p in plans} == ({1} if sft else {2})
-        assert all(p.serves != sft for p in plans)
-        assert all(len(set(p.units)) == p.need for p in plans)
+    assert where.startswith("no GPU") and all(p.need == 1 and not p.gpu for p in plans)
+
+
+@pytest.mark.parametrize("path", GPU_STUDIES, ids=[p.stem for p in GPU_STUDIES])
+def test_every_shipped_gpu_study_prints_its_job_scripts_on_a_machine_without_gpus(path, launch_folder, monkeypatch):
+    """The documented `trl-ext study run <study> --slurm --dry-run` on a machine without GPUs (a cluster's login
+    node; `CUDA_VISIBLE_DEVICES=""` makes any machine one): every run of every arm planned by the launcher for its
+    task, the resources stated with where they come from (no study ships a `slurm:` section: the runs' plans), one
+    array script per arm asking for the run's need (the server on one GPU and training on the next; SFT: one GPU,
+    vLLM colocated), requeue and the warning. Before, the plan counted this machine's GPUs and stopped: "`gpu_ids` 1
+    names GPU(s) ['1'] that are not available"."""
+    from typer.testing import CliRunner
+
+    from trl_ext.cli import app
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    study = load_study(path)
+    done = CliRunner().invoke(app, ["study", "run", str(path), "--slurm", "--dry-run"])
+    assert done.exit_code == 0, done.output
+    need = 1 if path.stem.startswith("math_sft") else 2
+    assert f"# Slurm resources of {path}" in done.output
+    for arm in study.arms:
+        assert f"#   {arm.name}: 1 node(s), {need} GPU(s) per node (the run's plan), 8 CPU(s) (default)" in done.output
+    scripts = done.output.split("# ---- ")[1:]
+    assert len(scripts) == len(study.arms)
+    for script in scripts:
+        assert f"#SBATCH --array=0-{len(study.seeds) - 1}\n" in script and f"--gpus-per-node={need}\n" in script
+        assert "#SBATCH --requeue\n#SBATCH --signal=B:USR1@600\n" in script
+    assert not Path("runs").exists()  # a dry run writes nothing
+
+
+# One study per GPU accelerate config the shipped studies use (the others differ from these in recipes only, which
+# the Slurm dry run above plans on the same 8-GPU node).
+PLAIN_DRY_RUNS = ["gsm8k_qwen3_0.6b_ablations", "math_sft_sizes"]
+
+
+@pytest.mark.parametrize("name", PLAIN_DRY_RUNS)
+def test_a_dry_run_on_a_machine_without_gpus_shows_the_placement_on_an_8_gpu_node(name, launch_folder, monkeypatch):
+    """The study files' other documented dry run, `trl-ext study run <study> --dry-run`, on a machine without GPUs:
+    every run placed on a node of 8 GPUs (the study states no `slurm.gpus_per_node`), saying so first, exit 0."""
+    from typer.testing import CliRunner
+
+    from trl_ext.cli import app
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = ROOT / "recipes" / "studies" / f"{name}.yaml"
+    study = load_study(path)
+    plain = CliRunner().invoke(app, ["study", "run", str(path), "--dry-run"])
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.startswith("no GPU on this machine: the placement on a node of 8 GPUs (--gpus N for another)")
+    assert f"study {study.name}: {len(study.runs())} run(s) on 8 GPU(s)" in plain.output
+    assert not Path("runs").exists()
+
+
+def test_a_gpu_study_on_a_machine_without_gpus_is_refused_before_any_plan():
+    """Run for real (not a dry run) where there is no GPU: the first GPU run named with its accelerate config and
+    what to do instead, before the launcher plans anything."""
+    study = load_study(ROOT / "recipes/studies/gsm8k_qwen3_0.6b_ablations.yaml")
+    with pytest.raises(StudyError) as refused:
+        plan_study(study, environ={"CUDA_VISIBLE_DEVICES": ""})
+    cores = len(os.sched_getaffinity(0))
+    assert str(refused.value) == (
+        "run r1_zero/seed0: accelerate config accelerate_configs/vllm_server_gpu0_train_gpu1.yaml trains on GPUs and "
+        f"this machine has none (no GPU: {cores} core(s), 1 per run): `--dry-run --gpus N` shows the placement on a "
+        "node of N GPUs, `--slurm` submits the study to a cluster (`--slurm --dry-run` prints its job scripts)"
+    )
 
 
 def test_gsm8k_ablations_on_an_8_gpu_node_in_waves_of_four(capsys):
@@ -149,23 +211,39 @@ def _plan(study, arm, seeds, **kw):
     return [RunPlan(Run(arm, s, study.folder / arm.name / f"seed{s}"), i, **kw) for i, s in enumerate(seeds)]
 
 
-def test_sbatch_script_one_array_per_arm_and_srun_across_nodes(tmp_path):
-    study = load_study(_write(tmp_path, BASE + "slurm: {partition: gpu, time: '04:00:00'}\n"), tmp_path)
+def test_sbatch_script_one_array_per_arm_requeue_and_two_sruns_across_nodes(tmp_path):
+    study = load_study(
+        _write(tmp_path, BASE + "slurm: {partition: gpu, time: '04:00:00', warning_s: 300}\n"), tmp_path
+    )
     arm = study.arm("b")
     script = render_script(study, _plan(study, arm, [0, 1], need=2, gpu=True, serves=True, multi_process=False))
     assert "#SBATCH --array=0-1\n" in script and "#SBATCH --gpus-per-node=2\n" in script
     assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --time=04:00:00\n" in script
+    assert "#SBATCH --requeue\n#SBATCH --signal=B:USR1@300\n" in script and "#SBATCH --open-mode=append\n" in script
     assert "SEEDS=(0 1)\nSEED=${SEEDS[$SLURM_ARRAY_TASK_ID]}" in script
     assert (
         "launch --accelerate-config accelerate_configs/cpu.yaml recipes/countdown.py --config "
         'recipes/countdown/cpu_tiny.yaml --learning_rate 3e-5 --output_dir "$RUN_DIR" --seed "$SEED" --resume true '
-        '--vllm_server_port "$PORT" --vllm_group_port $((PORT + 1))\n'
+        '--vllm_server_port "$PORT" --vllm_group_port $((PORT + 1)) >> "$LOG.log" 2>&1 &\n'
     ) in script
+    # the warning writes the stop request; the task requeues a run that stopped on it before its end
+    assert 'trap \'STOPPING=1; mkdir -p "$RUN_DIR"; touch "$STOP"\' USR1' in script
+    assert 'if [ "$STOPPING" = 1 ] && [ ! -f "$RUN_DIR/train_results.json" ]; then\n  scontrol requeue' in script
     multi = Arm("m", arm.recipe, arm.script, arm.accelerate_config)
-    plans = _plan(study, multi, [0], need=8, gpu=True, serves=True, multi_process=True, num_machines=2)
+    plans = _plan(study, multi, [0], need=8, gpu=True, serves=True, multi_process=False, num_machines=2)
     script = render_script(study, plans)
-    assert "#SBATCH --nodes=2\n" in script and "srun --nodes=2 --ntasks-per-node=1 bash -c" in script
-    assert '--machine-rank "$SLURM_NODEID"' in script and 'echo "main_process_ip: $MASTER"' in script
+    assert "#SBATCH --nodes=2\n" in script and 'echo "main_process_ip: $MASTER"' in script
+    assert '--accelerate-config "$CONFIG" --machine-rank "$1"' in script and "export -f launch\n" in script
+    srun = (
+        'SRUN="srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_PER_TASK --gpus-per-node=8 --kill-on-bad-exit=1"'
+    )
+    assert srun in script
+    assert "$SRUN --nodes=1 --ntasks=1 --relative=0 bash -c 'launch 0' &\n" in script
+    assert "$SRUN --nodes=1 --ntasks=1 --relative=1 bash -c 'launch $((SLURM_NODEID + 1))' &\n" in script
+    for text in (script, render_script(study, _plan(study, arm, [0], need=1, gpu=False, serves=False,
+                                                     multi_process=True))):  # fmt: skip
+        checked = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+        assert checked.returncode == 0, checked.stderr  # valid bash
 
 
 def test_mean_ci_and_paired_comparison_against_hand_computed_numbers():
@@ -296,32 +374,27 @@ def test_report_judges_the_claims_from_the_logged_values(tmp_path):
     assert (out.parent / "ablations_arms.png").stat().st_size > 0
 
 
-def test_progress_from_the_log_and_finished_from_the_folder(tmp_path):
-    log = tmp_path / "seed0.log"
-    log.write_text(
-        "  steps:   8 GRPO steps -> max_steps 8\n"
-        "Map: 100%|####| 46/46 [00:00<00:00, 1234.56 examples/s]\n"  # labelled bars are not training
-        " 25%|##  | 2/8 [00:02<00:07,  1.2s/it] {'loss': '0', 'reward': '0.25', 'entropy': '4.6'}\n"
-        "100%|####| 12/12 [00:00<00:00, 20.1it/s]\n"  # an evaluation's own bar, a larger total
-        " 50%|####| 4/8 [00:04<00:04,  1.2s/it] {'loss': '0', 'reward': '0.5', 'entropy': '4.6'}\n"
-    )
-    import time
-
-    progress = read_progress(tmp_path, log, started=time.time() - 40)
-    assert (progress.step, progress.max_steps, progress.reward) == (4, 8, 0.5)
-    assert progress.eta_s == pytest.approx(40, abs=2)  # 40 s for 4 steps, 4 to go
+def test_progress_from_the_status_file_and_finished_from_the_folder(tmp_path):
+    """What the trainer wrote at its last step: step 6 of 8 in a run resumed at step 2, 40 s after it began: 10 s a
+    step, 2 steps to go."""
+    write_status(tmp_path, RunStatus(6, 8, reward=0.5, time=1040.0, started=1000.0, start_step=2))
+    progress = read_progress(tmp_path)
+    assert (progress.step, progress.max_steps, progress.reward) == (6, 8, 0.5)
+    assert progress.eta_s == pytest.approx(20.0)
+    assert progress.render() == "step 6/8, reward 0.5, ETA 0:00:20"
     assert not is_finished(tmp_path)
     (tmp_path / "train_results.json").write_text("{}")
     assert is_finished(tmp_path)  # no record: nothing says it validates at the end
 
 
-def test_progress_without_a_log_comes_from_the_furthest_checkpoint(tmp_path):
-    """A resumed run's log may not show a step yet: the checkpoint with the most steps says where it is."""
+def test_progress_without_a_status_comes_from_the_furthest_checkpoint(tmp_path):
+    """A run that has not trained a step since it started (a resumed one loading its checkpoint) wrote no status
+    yet: the checkpoint with the most steps says where it is."""
     for step, mtime in ((4, 2_000_000), (2, 3_000_000)):  # the older checkpoint written last
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
         os.utime(folder / "trainer_state.json", (mtime, mtime))
-    progress = read_progress(tmp_path, None)
+    progress = read_progress(tmp_path)
     assert (progress.step, progress.max_steps) == (4, 8)
-    assert read_progress(tmp_path / "absent", None).step is None
+    assert read_progress(tmp_path / "absent").step is None

@@ -1,7 +1,7 @@
 """`trl-ext study run` on this machine with the real launcher and a stand-in trainer (`--train-cmd`,
 tests/scripts/study_fake_trainer.py): finished runs skipped, `--seed` / `--resume true` on every run, a failed run
 reported with its log tail while the others go on and a non-zero exit, the report from the folders; SIGTERM leaves
-no process behind. Real training through a study: tests/test_study_slurm.py."""
+no process behind. Real training through a study (on two Slurm nodes): tests/test_study_two_nodes.py."""
 
 from __future__ import annotations
 

@@ -23,12 +23,20 @@ def available_memory_bytes() -> int | None:
 
 
 def log_tail(path: str | Path | None, lines: int) -> str:
-    """The last `lines` lines of the log at `path` (undecodable bytes replaced); "" without a path, a note saying
-    so where the file cannot be read."""
+    """The last `lines` lines of the log at `path` as a terminal shows them: a line a progress bar rewrote with
+    carriage returns is its last version (undecodable bytes replaced); "" without a path, a note saying so where the
+    file cannot be read."""
     if path is None:
         return ""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(deque(handle, maxlen=lines)).rstrip()
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+            kept = deque((_shown(line) for line in handle), maxlen=lines)
     except OSError:
         return "(the log cannot be read)"
+    return "\n".join(kept).rstrip()
+
+
+def _shown(line: str) -> str:
+    """What a terminal shows of one written line: the text after its last carriage return."""
+    line = line.rstrip("\n").rstrip("\r")
+    return line.rsplit("\r", 1)[-1]

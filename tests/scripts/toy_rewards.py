@@ -1,4 +1,5 @@
-"""A reward the random tiny models of the tests can earn, in TRL's protocol, for the expert-iteration runs on the CPU.
+"""Rewards the random tiny models of the tests can earn, in TRL's protocol: for the expert-iteration runs on the CPU,
+and for the two-node study runs (`digit_share`).
 
 `digit_reward(where="any")` is 1.0 when the completion text contains a digit (about half of the tiny engine model's
 8-token completions do at the start), `where="first"` when it starts with one (about one in ten). Like trl_ext's
@@ -30,3 +31,10 @@ class DigitReward:
             log_metric(f"rewards/{self.__name__}/format_reward", sum(bool(t) for t in texts) / len(texts))
             log_metric(f"rewards/{self.__name__}/answer_reward", sum(rewards) / len(rewards))
         return rewards
+
+
+def digit_share(completions, **kwargs) -> list[float]:
+    """The share of a completion's characters that are digits: a reward in [0, 1] that differs between most
+    completions of a group from the first step on, so GRPO's advantages (and the gradients) are not zero."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]

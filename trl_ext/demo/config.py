@@ -71,7 +71,7 @@ class DemoConfig(TestbedConfig):
         default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
     )
     control_steps: int = field(
-        default=1200,
+        default=840,
         metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
     )
     parallel_arms: bool = field(

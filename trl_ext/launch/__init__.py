@@ -18,7 +18,8 @@ Recipes that do not use vLLM server mode (`use_vllm: true` and `vllm_mode: serve
 Without a GPU (vLLM's CPU build) the server and the trainer split the cores, and the server gets the CPU weight
 transfer (`cpu_layout`; docs/launch.md, "The server layout on a CPU machine").
 Modules: `configs` (reading the two config files), `planning` (pure: GPU split, parallelism, ports, commands),
-`cpu_layout` (the CPU server layout: cores, server flags),
+`cpu_layout` (the CPU server layout: cores, server flags), `remote_server` (a server on a machine of its own:
+`--serve-only`, and a trainer's check of a server host elsewhere),
 `checks` (the machine and the recipe's preflight over what was planned), `launcher` (`plan_launch`: read -> plan ->
 check), `supervision` (processes, signals, health polling), `table` (every shipped config x recipe x GPU count),
 `cli` (the Typer command). Top-level imports stay stdlib + typer so `trl-ext --help` is fast, and the public names
@@ -56,7 +57,8 @@ _LAZY = {
         "trl_ext.launch.planning",
     ),
     **dict.fromkeys(
-        ("ServerProcess", "check_port_free", "run_launch", "stop_process_group"), "trl_ext.launch.supervision"
+        ("ServerProcess", "check_port_free", "run_launch", "stop_process_group", "stop_process_groups"),
+        "trl_ext.launch.supervision",
     ),
 }
 
@@ -81,6 +83,7 @@ __all__ = [
     "server_parallelism",
     "split_gpus",
     "stop_process_group",
+    "stop_process_groups",
     "tensor_parallel_sizes",
     "trainer_command",
 ]

@@ -88,6 +88,15 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(
             False, "--dry-run", help="Run the preflight, print the plan and both commands (with their env), and exit."
         ),
+        serve_only: bool = typer.Option(
+            False,
+            "--serve-only",
+            help="Start only the recipe's vLLM server, on this machine's GPUs (or cores), for trainers on other "
+            "machines whose vllm_server_host names this one; it runs until stopped (Ctrl-C, SIGTERM).",
+        ),
+        bind: str | None = typer.Option(
+            None, "--bind", help="With --serve-only: the address to listen on (default: this machine's name's)."
+        ),
     ) -> None:
         from trl_ext.launch.configs import LaunchError
         from trl_ext.launch.launcher import plan_launch
@@ -109,6 +118,8 @@ def register(app: typer.Typer) -> None:
                 train_cmd=train_cmd,
                 log_dir=log_dir,
                 gpu_memory_gb=gpu_memory_gb,
+                serve_only=serve_only,
+                bind=bind,
             )
         except LaunchError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -42,12 +42,18 @@ from trl_ext.launch.planning import (
     trainer_command,
     url_host,
 )
+from trl_ext.launch.remote_server import remote_server, serve_note, this_machine_address
 from trl_ext.launch.server_place import proposed_server_gpus
 from trl_ext.launch.tensor_parallel import tensor_parallel_note
 from trl_ext.preflight.models import load_model_shape
 from trl_ext.recipes.entry import ParsedRecipe
 
 DEFAULT_LOG_DIR = "runs/launch"
+# Several CPU training processes (not DeepSpeed): accelerate starts them through torchrun, which does not pass the
+# config's `use_cpu` on, so each Trainer would find no GPU and train alone instead of joining the others over gloo;
+# and accelerate names their device `cpu:0`, which transformers hands to `torch.load` as `map_location` when the run
+# resumes, and torch cannot restore to (the optimizer state fails to load). Plain `cpu` for both.
+CPU_PROCESS_GROUP_ENV = {"ACCELERATE_USE_CPU": "true", "ACCELERATE_TORCH_DEVICE": "cpu"}
 
 
 def plan_launch(
@@ -69,6 +75,8 @@ def plan_launch(
     gpu_memory_gb: float | None = None,
     check_packages: bool = True,
     cpus: list[int] | None = None,
+    serve_only: bool = False,
+    bind: str | None = None,
 ) -> LaunchPlan:
     """Composes the server and trainer commands from the configs; checks everything that can fail before a start.
 
@@ -91,6 +99,9 @@ def plan_launch(
         check_packages: the preflight checks that vLLM / DeepSpeed / bitsandbytes are installed where needed.
         cpus: the cores a server layout on the CPU splits between server and trainer (default: those this process
             may use; `trl_ext.launch.cpu_layout`).
+        serve_only: the recipe's vLLM server alone, on this machine's GPUs (or cores), listening on `bind` (default:
+            the address this machine's name resolves to) for trainers on other machines
+            (`trl_ext.launch.remote_server`).
 
     Raises:
         LaunchError: a missing file, a bad field, a GPU split that leaves the server nothing, a failed check.
@@ -98,7 +109,7 @@ def plan_launch(
     request = LaunchRequest(
         accelerate_config, recipe, config, tuple(extra_args), num_gpus, num_processes, machine_rank, vllm_tp,
         vllm_dp, tuple(vllm_args), server_cmd, train_cmd, log_dir, dict(os.environ if environ is None else environ),
-        gpu_memory_gb, check_packages, cpus,
+        gpu_memory_gb, check_packages, cpus, serve_only, bind,
     )  # fmt: skip
     setup = _override(read_accelerate_config(accelerate_config), num_processes, machine_rank)
     if not Path(recipe).is_file():
@@ -134,6 +145,8 @@ class LaunchRequest:
     gpu_memory_gb: float | None
     check_packages: bool
     cpus: list[int] | None
+    serve_only: bool = False
+    bind: str | None = None
 
 
 @dataclass
@@ -147,6 +160,7 @@ class _Placement:
     free: list[str]
     launch_args: list[str]
     notes: list[str] = field(default_factory=list)
+    remote_health_url: str | None = None  # a server on another machine that training rank 0, here, talks to
 
 
 @dataclass
@@ -168,12 +182,15 @@ class _Server:
     port: int
     extra_args: list[str]
     notes: list[str]
+    bind: str = SERVER_BIND_HOST
 
 
 def _place_training(request: LaunchRequest, setup: AccelerateSetup, serving: RecipeServing) -> _Placement:
     """The training GPUs (the accelerate config's, on the GPUs this machine offers) and accelerate's placement flags;
     whether this machine starts the server (server mode, a local host, machine rank 0)."""
     machine_rank, num_processes = request.machine_rank, request.num_processes
+    if request.serve_only:
+        return _place_server_only(request, serving)
     launch_args = rendezvous_args(setup) + (["--machine_rank", str(machine_rank)] if machine_rank is not None else [])
     starts_server = serving.server_mode and serving.local_server and setup.machine_rank == 0
     if serving.server_mode and not serving.model and starts_server:
@@ -189,6 +206,10 @@ def _place_training(request: LaunchRequest, setup: AccelerateSetup, serving: Rec
         train = split_gpus(setup, available, source)[0] if available else []
         free = []
         notes.append(_no_server_note(setup, serving, request.config))
+    remote = None
+    if serving.server_mode and not serving.local_server and setup.machine_rank == 0:  # training rank 0 is here
+        remote, note = remote_server(serving.host, serving.port, serving.base_url)
+        notes.append(note)
     if train:
         launch_args = accelerate_args(setup, train, num_processes) + launch_args
         if setup.gpu_ids is not None and tuple(train) != setup.gpu_ids:
@@ -198,7 +219,20 @@ def _place_training(request: LaunchRequest, setup: AccelerateSetup, serving: Rec
             )
     elif num_processes is not None:
         launch_args = ["--num_processes", str(num_processes)] + launch_args
-    return _Placement(starts_server, available, source, train, free, launch_args, notes)
+    return _Placement(starts_server, available, source, train, free, launch_args, notes, remote)
+
+
+def _place_server_only(request: LaunchRequest, serving: RecipeServing) -> _Placement:
+    """`--serve-only`: every GPU this machine offers is the server's (none trains here)."""
+    if not serving.server_mode:
+        raise LaunchError(
+            f"--serve-only: recipe {request.config} does not use vLLM server mode (use_vllm={serving.use_vllm}, "
+            f"vllm_mode={serving.vllm_mode})"
+        )
+    if not serving.model:
+        raise LaunchError(f"recipe config {request.config}: vLLM server mode needs `model_name_or_path` to serve")
+    available, source = detect_gpus(request.num_gpus, request.environ)
+    return _Placement(True, available, source, [], list(available), [])
 
 
 def _cpu_server(
@@ -208,7 +242,10 @@ def _cpu_server(
     vllm_tp, vllm_dp = request.vllm_tp, request.vllm_dp
     if (vllm_tp or 1) * (vllm_dp or 1) > 1:
         raise LaunchError(f"vLLM's CPU build serves from one process: no --vllm-tp {vllm_tp} --vllm-dp {vllm_dp}")
-    cpu = split_cores(request.cpus)
+    if request.serve_only:
+        cpu = CpuLayout(note="--serve-only: the vLLM server on every core")
+    else:
+        cpu = split_cores(request.cpus)
     vllm_args, kv_note = cpu_server_args(request.vllm_args, serving.gpu_memory_utilization, serving.compute_dtype)
     return _ServerLayout([], 1, 1, list(vllm_args), cpu, [cpu.note, kv_note])
 
@@ -241,10 +278,16 @@ def _gpu_server(
 
 def _server(request: LaunchRequest, serving: RecipeServing, placement: _Placement, layout: _ServerLayout) -> _Server:
     """The server command on `layout`, its ports, and the recipe flags that point the trainer at it."""
-    port, port_flags = serving_ports(serving, pick=recipe_script_task(request.recipe) is not None)
-    host_flags, bind_note = loopback_flags(serving, port)
+    if request.serve_only:  # the trainers elsewhere state the port: it is not picked
+        port, port_flags = serving.port, []
+        bind = request.bind or this_machine_address()
+        host_flags, bind_note = [], serve_note(bind, port)
+    else:
+        port, port_flags = serving_ports(serving, pick=recipe_script_task(request.recipe) is not None)
+        bind = SERVER_BIND_HOST
+        host_flags, bind_note = loopback_flags(serving, port)
     command = server_command(
-        serving.model, SERVER_BIND_HOST, port, layout.tp, layout.dp, layout.gpus, layout.vllm_args, request.server_cmd
+        serving.model, bind, port, layout.tp, layout.dp, layout.gpus, layout.vllm_args, request.server_cmd
     )
     idle = [gpu for gpu in placement.free if gpu not in layout.gpus]
     where = "the CPU (vLLM's CPU build, no GPU found)" if layout.cpu else f"GPU(s) {','.join(layout.gpus)}"
@@ -257,7 +300,7 @@ def _server(request: LaunchRequest, serving: RecipeServing, placement: _Placemen
     if layout.cpu is not None:
         command = pin(command, layout.cpu.server_cores)
     notes += layout.notes
-    return _Server(command, layout, port, [*request.extra_args, *host_flags, *port_flags], notes)
+    return _Server(command, layout, port, [*request.extra_args, *host_flags, *port_flags], notes, bind)
 
 
 def _plan(
@@ -274,6 +317,8 @@ def _plan(
     server_gpus = [] if layout is None else layout.gpus
     extra = list(request.extra_args) if server is None else server.extra_args
     check_machine(request.environ, bool(train or server_gpus))
+    if request.serve_only:  # nothing trains here: the machines that train check their own plan
+        return _serve_only_plan(request, serving, server, parsed)
     checked = launch_preflight(
         setup,
         parsed,
@@ -293,6 +338,8 @@ def _plan(
         trainer_env = gpu_env(train)
     else:  # a CPU trainer beside a GPU server sees no GPU; otherwise accelerate's own handling applies
         trainer_env = {CUDA_VISIBLE: ""} if placement.starts_server else {}
+    if setup.use_cpu and setup.num_processes > 1 and setup.distributed_type != "DEEPSPEED":
+        trainer_env.update(CPU_PROCESS_GROUP_ENV)
     trainer = trainer_command(
         request.accelerate_config,
         request.recipe,
@@ -315,7 +362,7 @@ def _plan(
         notes=notes,
     )
     if server is None:
-        return LaunchPlan(**common)
+        return LaunchPlan(**common, remote_health_url=placement.remote_health_url)
     return LaunchPlan(
         server=server.command,
         host=SERVER_BIND_HOST,
@@ -327,6 +374,29 @@ def _plan(
         tp=layout.tp,
         dp=layout.dp,
         **common,
+    )
+
+
+def _serve_only_plan(
+    request: LaunchRequest, serving: RecipeServing, server: _Server, parsed: ParsedRecipe | None
+) -> LaunchPlan:
+    """`--serve-only`: the server's plan, no trainer; its log in the run's folder as the recipe parses it."""
+    output_dir = parsed.parsed[1].output_dir if parsed is not None else serving.output_dir
+    log_root = Path(request.log_dir) if request.log_dir is not None else Path(output_dir or DEFAULT_LOG_DIR)
+    cpu = server.layout.cpu
+    return LaunchPlan(
+        trainer=None,
+        server=server.command,
+        host=server.bind,
+        port=server.port,
+        health_url=f"http://{url_host(server.bind)}:{server.port}{HEALTH_PATH}",
+        server_log=log_root / f"vllm_server_{server.port}.log",
+        server_gpus=tuple(server.layout.gpus),
+        server_cores=() if cpu is None else tuple(cpu.server_cores),
+        tp=server.layout.tp,
+        dp=server.layout.dp,
+        output_dir=output_dir,
+        notes=tuple(server.notes),
     )
 
 

@@ -188,7 +188,7 @@ class Command:
 class LaunchPlan:
     """Everything `run_launch` will do, composed without starting anything (what `--dry-run` prints)."""
 
-    trainer: Command
+    trainer: Command | None  # None: `--serve-only`
     server: Command | None = None
     host: str | None = None
     port: int | None = None
@@ -203,13 +203,15 @@ class LaunchPlan:
     preflight: str = ""
     report: Any = field(default=None, compare=False, repr=False)  # the trl_ext.preflight.plan.Preflight, if any
     output_dir: str | None = None  # the run folder the recipe parses to (None: not a trl_ext recipe)
+    remote_health_url: str | None = None  # a server on another machine the trainer waits for
 
     def render(self) -> str:
         lines = ([self.preflight] if self.preflight else []) + list(self.notes)
         if self.server is not None:
             lines.append(f"server:  {self.server.render()}")
             lines.append(f"         log {self.server_log}, health {self.health_url}")
-        lines.append(f"trainer: {self.trainer.render()}")
+        if self.trainer is not None:
+            lines.append(f"trainer: {self.trainer.render()}")
         return "\n".join(lines)
 
 

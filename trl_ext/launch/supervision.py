@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +31,36 @@ class _Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def health_answers(url: str, timeout: float) -> bool:
+    """Whether `GET url` answers 200 within `timeout` s (not listening yet, 5xx while loading: False)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):  # HTTPError is a URLError
+        return False
+
+
+def wait_for_remote_server(url: str, timeout: float, poll_interval: float = 1.0) -> float:
+    """Polls the health URL of a server on another machine (`trl_ext.launch.remote_server`) until it answers 200;
+    returns the seconds it took.
+
+    Raises:
+        LaunchError: no 200 within `timeout` s (the message names the URL and how to start the server there).
+    """
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if health_answers(url, max(0.1, min(5.0, timeout - elapsed))):
+            return time.monotonic() - start
+        if time.monotonic() - start >= timeout:
+            raise LaunchError(
+                f"the vLLM server at {url} did not answer within {timeout:g} s: start it on that machine first "
+                "(`trl-ext launch --serve-only` with this recipe), or point vllm_server_host at one that runs "
+                "(--health-timeout to wait longer)"
+            )
+        time.sleep(poll_interval)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -83,19 +113,34 @@ def stop_process_group(proc: subprocess.Popen, grace: float, first_signal: int =
     `proc` must lead its own group (started with `start_new_session=True` or `process_group=0`). Its children
     (vLLM workers, DDP ranks) are waited for too, not only the leader.
     """
-    pgid = proc.pid
-    _signal_group(pgid, first_signal)
-    _signal_group(pgid, signal.SIGCONT)  # a stopped process (SIGSTOP, a debugger) handles the signal only once resumed
+    stop_process_groups([proc], grace, first_signal)
+
+
+def stop_process_groups(procs: Sequence[subprocess.Popen], grace: float, first_signal: int = signal.SIGTERM) -> None:
+    """`stop_process_group` for several groups at once (one grace period for all): the launcher's server and
+    trainer, a study's launches. Each group gets `first_signal` and SIGCONT (a stopped process, SIGSTOP or a
+    debugger, handles the signal only once resumed); groups with a live process after `grace` s get SIGKILL. A
+    group counts as gone when its leader is reaped and no live (not zombie) process is left in it."""
+    for proc in procs:
+        _signal_group(proc.pid, first_signal)
+        _signal_group(proc.pid, signal.SIGCONT)
+
+    def alive(proc: subprocess.Popen) -> bool:
+        # poll() reaps the leader; a zombie leader would keep the group "alive".
+        return proc.poll() is None or _group_alive(proc.pid)
+
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        # poll() reaps the leader; a zombie leader would keep the group "alive".
-        if proc.poll() is not None and not _group_alive(pgid):
+        if not any(alive(p) for p in procs):
             return
         time.sleep(0.1)
-    _signal_group(pgid, signal.SIGKILL)
-    proc.wait()
+    for proc in procs:
+        if alive(proc):
+            _signal_group(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
     deadline = time.monotonic() + 5.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
+    while any(_group_alive(p.pid) for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
@@ -171,12 +216,8 @@ class ServerProcess:
                     f"200; raise --health-timeout for large models). Last lines of {self.log_path}:\n"
                     f"{self.tail(tail_lines)}"
                 )
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=max(0.1, min(5.0, timeout - elapsed))) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - start
-            except (urllib.error.URLError, OSError, ValueError):
-                pass  # not listening yet, or 5xx while loading (HTTPError is a URLError)
+            if health_answers(self.health_url, max(0.1, min(5.0, timeout - elapsed))):
+                return time.monotonic() - start
             time.sleep(poll_interval)
 
     def stop(self) -> None:
@@ -234,6 +275,18 @@ def _wait_trainer(trainer: subprocess.Popen, server: ServerProcess | None, poll:
         )
 
 
+def _serve(server: ServerProcess, poll: float) -> int:
+    """`--serve-only`: waits until the launch is stopped (0) or the server exits on its own (LaunchError)."""
+    while True:
+        code = server.proc.poll()
+        if code is not None:
+            raise LaunchError(
+                f"the vLLM server exited with code {code} while serving. Last lines of {server.log_path}:\n"
+                f"{server.tail()}"
+            )
+        time.sleep(poll)
+
+
 def run_launch(
     plan: LaunchPlan,
     *,
@@ -269,7 +322,14 @@ def run_launch(
                 echo(f"starting the vLLM server (log {plan.server_log}), waiting for {plan.health_url}")
                 server.start()
                 took = server.wait_healthy(health_timeout, poll_interval)
+                if plan.trainer is None:
+                    echo(f"vLLM server healthy after {took:.1f} s (pid {server.pid}); serving until stopped")
+                    return _serve(server, poll_interval)
                 echo(f"vLLM server healthy after {took:.1f} s (pid {server.pid}); starting the trainer")
+            elif plan.remote_health_url is not None:
+                echo(f"waiting for the vLLM server at {plan.remote_health_url}")
+                took = wait_for_remote_server(plan.remote_health_url, health_timeout, poll_interval)
+                echo(f"the vLLM server answered after {took:.1f} s; starting the trainer")
             # Its own process group, so a stop reaches accelerate's worker processes too; stdin closed so a
             # background group never blocks on the terminal.
             try:
@@ -292,7 +352,8 @@ def run_launch(
             if server is not None:
                 server.stop()
     if interrupted is not None:
-        echo(f"interrupted by {signal.Signals(interrupted).name}: trainer and vLLM server stopped")
+        what = "vLLM server" if plan.trainer is None else "trainer and vLLM server"
+        echo(f"interrupted by {signal.Signals(interrupted).name}: {what} stopped")
     elif server is not None:
         echo(f"trainer exited with code {code}; vLLM server stopped")
     return code

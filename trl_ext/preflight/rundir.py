@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_ext.preflight.problems import Problem
+from trl_ext.run_status import STOP_FILE
 
 RUN_RECORD = "trl_ext_run.json"
 # Naming, routing and bookkeeping fields, and the batch split that follows from the number of processes.
@@ -51,8 +52,9 @@ IGNORED_FIELDS = frozenset(
         "hub_token",
     }
 )
-# `trl-ext launch` writes the vLLM server's log into output_dir before the trainer starts (and checks this folder).
-_LAUNCHER_FILES = re.compile(r"^vllm_server_\d+\.log$")
+# `trl-ext launch` writes the vLLM server's log into output_dir before the trainer starts (and checks this folder);
+# a study may ask a run to stop (`trl_ext.run_status`) before it wrote anything.
+_LAUNCHER_FILES = re.compile(rf"^(vllm_server_\d+\.log|{re.escape(STOP_FILE)})$")
 
 
 def jsonable(value: Any) -> Any:

@@ -183,12 +183,22 @@ def _require_model(model_args) -> None:
 
 def train_save_evaluate(
     trainer, training_args, script_args, dataset_name: str | None = None, checkpoint: str | os.PathLike | None = None
-) -> dict[str, float]:
+) -> dict[str, float] | None:
     """Train (from `checkpoint` when the preflight decided to resume; never implicitly), save, evaluate; returns the
-    eval metrics."""
+    eval metrics, or None when a stop request ended training early (`trl_ext.recipes.run_control`: a checkpoint at
+    that step, no final save: the run is not finished and `--resume true` continues it)."""
+    from trl_ext.recipes.run_control import attach_run_control
+
+    stop = attach_run_control(trainer)
     if checkpoint is not None:
         logger.info("resuming from %s", checkpoint)
     result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    if stop.stopped_at is not None:
+        trainer.accelerator.print(
+            f"stopped on request at step {stop.stopped_at} of {trainer.state.max_steps}: checkpoint-{stop.stopped_at}"
+            f" saved in {training_args.output_dir}; --resume true continues from it"
+        )
+        return None
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -230,7 +240,8 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
         trainer.add_callback(validation)
         write_run_record(trainer, training_args.output_dir, report.record)
         checkpoint = report.output.checkpoint if report.output is not None else None
-        train_save_evaluate(trainer, training_args, script_args, None, checkpoint)
+        if train_save_evaluate(trainer, training_args, script_args, None, checkpoint) is None:
+            return {}  # stopped on request: not finished
         last = [h for h in trainer.state.log_history if any(k.startswith("heldout/") for k in h)]
         metrics = {k: v for k, v in last[-1].items() if k != "step"} if last else {}
         if script_args.final_eval and metrics:  # eval_results.json: the study's sign that a validating run ended

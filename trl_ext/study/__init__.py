@@ -1,10 +1,11 @@
 """Studies: a study file's arms x seeds as runs, each started by the launcher (`trl-ext launch`), and the report.
 
 `spec` (the study file), `placement` (pure: GPU sets, cores, ports), `planning` (every run preflighted by the
-launcher's `plan_launch`, placed on the node), `runner` (the runs on this machine: process groups, resume, failures,
-signals), `progress` (a run's state from its folder and log), `slurm` (sbatch scripts, the queue, cancel),
-`report` (statistics over seeds with scipy, curves, lengths, per arm), `claims` (published claims judged from
-paired seeds, power by scipy), `cli` (`trl-ext study`). Above `launch`: a study starts runs only through
+launcher's `plan_launch`, placed on the node or planned for a Slurm task), `runner` (the runs on this machine:
+process groups stopped by the launcher's routine, resume, failures, signals), `progress` (a run's state from its
+folder and the status file its trainer writes), `slurm` (sbatch scripts with requeue and the time-limit warning, the
+queue, cancel), `report` (statistics over seeds with scipy, curves, lengths, per arm), `claims` (published claims
+judged from paired seeds, power by scipy), `cli` (`trl-ext study`). Above `launch`: a study starts runs only through
 the launcher. docs/studies.md.
 """
 

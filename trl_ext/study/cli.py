@@ -37,8 +37,9 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(
             None,
             "--gpus",
-            help="The node's GPU count, for a dry run of a node other than this one (e.g. 8); with --slurm default "
-            "the study's slurm.gpus_per_node.",
+            help="The node's GPU count, for a dry run of a node other than this one (e.g. 8; on a machine without "
+            "GPUs a dry run takes slurm.gpus_per_node, else 8); not with --slurm (a task asks for its run's need, or "
+            "slurm.gpus_per_node).",
         ),
         slurm: bool = typer.Option(False, "--slurm", help="Submit one sbatch array job per arm instead."),
         wait: bool = typer.Option(False, "--wait", help="With --slurm: wait for the jobs, then write the report."),
@@ -52,27 +53,41 @@ def register(app: typer.Typer) -> None:
         from trl_ext.study.progress import is_finished
 
         study = _load(study_file, root)
-        if slurm and gpus is None:  # the cluster's node, not this one
-            gpus = study.slurm.get("gpus_per_node")
+        if slurm and gpus is not None:
+            typer.echo(
+                "error: --gpus plans this node; a Slurm task asks for its run's need (or slurm.gpus_per_node)",
+                err=True,
+            )
+            raise typer.Exit(2)
         finished = [r.name for r in study.runs() if is_finished(r.output_dir)]
         if finished:  # never preflighted again: a finished run is skipped
             typer.echo(f"skipping {len(finished)} finished run(s): {', '.join(finished)}")
+        todo = [r for r in study.runs() if r.name not in finished]
         try:
-            todo = [r for r in study.runs() if r.name not in finished]
-            plans, where = planning.plan_study(study, gpus=gpus, runs=todo) if todo else ([], "")
+            if dry_run and not slurm and gpus is None and todo:  # a login node shows the placement on a GPU node
+                gpus = planning.dry_run_gpus(study, todo)
+                if gpus is not None:
+                    typer.echo(
+                        f"no GPU on this machine: the placement on a node of {gpus} GPUs (--gpus N for another)"
+                    )
+            if slurm:
+                plans, where = (planning.plan_slurm(study, todo) if todo else []), ""
+            else:
+                plans, where = planning.plan_study(study, gpus=gpus, runs=todo) if todo else ([], "")
         except StudyError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         if slurm:
-            todo = plans
             if dry_run:
-                for arm, script in slurm_mod.render_scripts(study, todo).items():
+                if plans:
+                    typer.echo(slurm_mod.render_defaults(study, plans))
+                for arm, script in slurm_mod.render_scripts(study, plans).items():
                     typer.echo(f"# ---- {study.folder / 'slurm' / (arm + '.sbatch')}\n{script}")
                 raise typer.Exit(0)
-            if not todo:
+            if not plans:
                 typer.echo("every run is finished")
             else:
-                slurm_mod.submit(study, todo, echo=typer.echo)
+                slurm_mod.submit(study, plans, echo=typer.echo)
             if not wait:
                 raise typer.Exit(0)
             raise typer.Exit(_wait_slurm(study, poll))
@@ -137,48 +152,57 @@ def register(app: typer.Typer) -> None:
 
 
 def render_status(study) -> str:
-    """Each run: its Slurm task's state (if submitted) and what its folder says."""
+    """Each run: its Slurm task's state (if submitted; with its requeues and exit code) and what its folder says."""
     from trl_ext.study import slurm as slurm_mod
     from trl_ext.study.progress import is_finished, read_progress
 
     jobs = slurm_mod.read_jobs(study)
-    states = slurm_mod.job_states([j["job_id"] for j in jobs.values()]) if jobs else {}
+    tasks = slurm_mod.job_info([j["job_id"] for j in jobs.values()]) if jobs else {}
     lines = [f"study {study.name}"]
     counts = {"done": 0, "running": 0, "queued": 0}
     for run in study.runs():
         job = jobs.get(run.arm.name)
-        state = ""
-        if job and run.seed in job["seeds"]:
-            state = states.get(f"{job['job_id']}_{job['seeds'].index(run.seed)}", "unknown")
-        log = run.output_dir.parent / f"{run.output_dir.name}.log"
+        key = slurm_mod.task_key(job, run.seed) if job else None
+        state = "" if key is None else (tasks[key].render() if key in tasks else "unknown")
         if is_finished(run.output_dir):
             what = "finished"
             counts["done"] += 1
         elif run.output_dir.is_dir():
-            what = read_progress(run.output_dir, log if log.is_file() else None).render()
+            what = read_progress(run.output_dir).render()
             counts["running"] += 1
         else:
             what = "not started"
             counts["queued"] += 1
-        lines.append(f"  {run.name:<40} {state:<10} {what}")
+        lines.append(f"  {run.name:<40} {state:<24} {what}")
     lines.insert(1, f"  {counts['done']} done, {counts['running']} started, {counts['queued']} not started")
     return "\n".join(lines)
 
 
 def _wait_slurm(study, poll: float) -> int:
+    """Polls the study's tasks until none is queued or running; prints the status, each task that did not complete
+    with its launch logs' tails (every node's), writes the report. 0 when every task completed."""
+    from trl_ext.host import log_tail
     from trl_ext.study import slurm as slurm_mod
 
     jobs = slurm_mod.read_jobs(study)
     ids = [j["job_id"] for j in jobs.values()]
-    active = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING"}
     while True:
-        states = slurm_mod.job_states(ids)
-        if not any(s in active for s in states.values()):  # none left in the queue (or forgotten by Slurm)
+        tasks = slurm_mod.job_info(ids)
+        if not any(t.state in slurm_mod.ACTIVE for t in tasks.values()):  # none left in the queue (or forgotten)
             break
         time.sleep(poll)
     typer.echo(render_status(study))
+    for run in study.runs():
+        job = jobs.get(run.arm.name)
+        key = slurm_mod.task_key(job, run.seed) if job else None
+        task = tasks.get(key) if key else None
+        if task is None or task.state == "COMPLETED":
+            continue
+        typer.echo(f"FAILED: {run.name} (Slurm: {task.render()} on {task.nodes or '?'})")
+        for log in slurm_mod.run_logs(run.output_dir):
+            typer.echo(f"  last lines of {log}:\n{log_tail(log, 20)}")
     _report(study)
-    return 0 if all(s == "COMPLETED" for s in states.values()) else 1
+    return 0 if tasks and all(t.state == "COMPLETED" for t in tasks.values()) else 1
 
 
 def _report(study, out: Path | None = None) -> None:

@@ -155,6 +155,14 @@ def plan_study(
     node, gpu, where = node_units(study, gpus, environ)
     all_runs = study.runs()
     runs = all_runs if runs is None else runs
+    on_gpus = [] if gpu else [r for r in runs if trains_on_gpus(r)]
+    if on_gpus:
+        run = on_gpus[0]
+        raise StudyError(
+            f"run {run.name}: accelerate config {run.arm.accelerate_config} trains on GPUs and this machine has none "
+            f"({where}): `--dry-run --gpus N` shows the placement on a node of N GPUs, `--slurm` submits the study "
+            "to a cluster (`--slurm --dry-run` prints its job scripts)"
+        )
     plans = [plan_run(study, run, all_runs.index(run), node, gpu, check_packages) for run in runs]
     for p in plans:
         if p.need > len(node):
@@ -166,6 +174,53 @@ def plan_study(
     for p, (wave, units) in zip(plans, waves(node, [p.need for p in plans]), strict=True):
         p.wave, p.units = wave, units
     return plans, where
+
+
+#: The node a GPU run is planned on for `--slurm` when the study states no `slurm.gpus_per_node`: the run's need
+#: from that plan (its highest GPU position, plus one) is what its tasks ask for, whatever GPUs the submitting
+#: machine (a login node, often without any) has. Also the node a `--dry-run` on a machine without GPUs shows.
+PLANNING_GPUS = 8
+
+
+def trains_on_gpus(run: Run) -> bool:
+    """Whether `run`'s accelerate config trains on GPUs (it does not set `use_cpu`)."""
+    try:
+        return not read_accelerate_config(run.arm.accelerate_config).use_cpu
+    except LaunchError as exc:
+        raise StudyError(f"run {run.name}: {exc}") from None
+
+
+def dry_run_gpus(study: Study, runs: list[Run], environ: dict[str, str] | None = None) -> int | None:
+    """The GPU count a `--dry-run` without `--gpus` plans on: None (this machine's GPUs) unless this machine has no
+    GPU and one of `runs` trains on GPUs (a cluster's login node): then `slurm.gpus_per_node`, else PLANNING_GPUS."""
+    if node_units(study, None, environ)[1] or not any(trains_on_gpus(r) for r in runs):
+        return None
+    return int(study.slurm.get("gpus_per_node", PLANNING_GPUS))
+
+
+def plan_slurm(study: Study, runs: list[Run] | None = None, check_packages: bool = True) -> list[RunPlan]:
+    """Every run planned by the launcher for a Slurm task: a GPU run (an accelerate config without `use_cpu`) on a
+    node of `slurm.gpus_per_node` GPUs (else `PLANNING_GPUS`), a CPU run on `cores_per_run` cores. Nothing of the
+    submitting machine's GPUs enters the plan.
+
+    Raises:
+        StudyError: a run the launcher refuses, or one that needs more GPUs than `slurm.gpus_per_node`.
+    """
+    all_runs = study.runs()
+    runs = all_runs if runs is None else runs
+    stated = study.slurm.get("gpus_per_node")
+    plans = []
+    for run in runs:
+        cpu = not trains_on_gpus(run)
+        node = list(range(study.cores_per_run)) if cpu else [str(i) for i in range(stated or PLANNING_GPUS)]
+        plan = plan_run(study, run, all_runs.index(run), node, not cpu, check_packages)
+        if not cpu and plan.need > len(node):
+            raise StudyError(
+                f"run {run.name}: needs {plan.need} GPU(s) per node, slurm.gpus_per_node is {stated}; raise it"
+            )
+        plan.units = node[: plan.need]
+        plans.append(plan)
+    return plans
 
 
 def render_placement(study: Study, plans: list[RunPlan], where: str) -> str:

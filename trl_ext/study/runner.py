@@ -21,12 +21,14 @@ from pathlib import Path
 
 import psutil
 
+from trl_ext.host import log_tail
 from trl_ext.study.placement import take
 from trl_ext.study.planning import RunPlan
-from trl_ext.study.progress import is_finished, log_tail, read_progress
+from trl_ext.study.progress import is_finished, read_progress
 from trl_ext.study.spec import Study
 
 PID_FILE = "study.pid"
+TAIL_LINES = 20
 
 
 @dataclass
@@ -59,39 +61,28 @@ class _Stop(Exception):
     pass
 
 
+def stop_runs(running: list[Running], grace: float) -> None:
+    """Every launch's process group stopped by the launcher's own routine (`stop_process_groups`: SIGTERM and
+    SIGCONT, SIGKILL after `grace` s, zombies not counted), then any process a launch had started that is still
+    alive (its server and trainer lead groups of their own, which the launch stops on SIGTERM; found before the
+    stop, so a launch killed before it could is covered)."""
+    from trl_ext.launch import stop_process_groups
+
+    family = [child for r in running for child in _descendants(r.proc.pid)]
+    stop_process_groups([r.proc for r in running], grace)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(family, timeout=5)
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
-
-
-def stop_runs(running: list[Running], grace: float) -> None:
-    """SIGTERM to every launch's process group, SIGKILL after `grace` s, then any descendant still alive."""
-    family = {r.proc.pid: _descendants(r.proc.pid) for r in running}
-    for r in running:
-        _signal_group(r.proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(r.proc.poll() is None for r in running):
-        time.sleep(0.2)
-    for r in running:
-        if r.proc.poll() is None:
-            _signal_group(r.proc.pid, signal.SIGKILL)
-            r.proc.wait()
-    for children in family.values():
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(children, timeout=5)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_study(
@@ -140,7 +131,7 @@ def run_study(
                     outcome.finished.append(name)
                     echo(f"done: {name} ({time.time() - r.started:.0f} s)")
                 else:
-                    tail = log_tail(r.log)
+                    tail = log_tail(r.log, TAIL_LINES)
                     outcome.failed[name] = tail
                     echo(f"FAILED: {name} (exit {code}), log {r.log}; its last lines:\n{tail}")
             now = time.monotonic()
@@ -183,7 +174,7 @@ def render_status(study: Study, outcome: Outcome, running: list[Running], queue:
         + (f", {len(outcome.failed)} failed" if outcome.failed else "")
     ]
     for r in running:
-        lines.append(f"  {r.plan.run.name}: {read_progress(r.plan.run.output_dir, r.log, r.started).render()}")
+        lines.append(f"  {r.plan.run.name}: {read_progress(r.plan.run.output_dir, r.started).render()}")
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ _KEYS = {
 _ARM_KEYS = {"recipe", "args", "script", "accelerate_config", "launch_args"}
 #: The arguments the study sets on every run itself.
 _RESERVED = ("--output_dir", "--seed", "--resume", "--resume_from_checkpoint")
-SLURM_KEYS = {"partition", "account", "time", "gpus_per_node", "cpus_per_task", "mem", "qos", "extra"}
+SLURM_KEYS = {"partition", "account", "time", "gpus_per_node", "cpus_per_task", "mem", "qos", "extra", "warning_s"}
 
 
 class StudyError(ValueError):
@@ -212,6 +212,10 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
     slurm = data.get("slurm") or {}
     if not isinstance(slurm, dict) or set(slurm) - SLURM_KEYS:
         raise StudyError(f"{path}: slurm is a mapping of {', '.join(sorted(SLURM_KEYS))}; got {slurm!r}")
+    for key in ("gpus_per_node", "cpus_per_task", "warning_s"):
+        value = slurm.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+            raise StudyError(f"{path}: slurm.{key} must be a whole number >= 1, got {value!r}")
     try:
         claims = parse_claims(data.get("claims"), str(path), [a.name for a in arms], list(metrics))
     except ValueError as exc:
