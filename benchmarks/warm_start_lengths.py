@@ -6,7 +6,7 @@ Lengths are tokens through EOS (characters: the testbed's tokenizer is a charact
 by correctness (the training reward's answer part); the share that hit the budget without an EOS is reported too.
 The warm starts are built into `runs/demo_models/` first when absent (a few CPU minutes each).
 
-    python benchmarks/warm_start_lengths.py   # benchmarks/results/warm_start_lengths.json
+    python benchmarks/warm_start_lengths.py [--only working]   # benchmarks/results/warm_start_lengths.json
 """
 
 from __future__ import annotations
@@ -81,12 +81,15 @@ def measure(folder: Path, working: bool, budget: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/warm_start_lengths.json"))
+    parser.add_argument("--only", choices=[w[0] for w in WARM_STARTS], help="Measure one warm start only.")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
     result = {"samples_per_problem": SAMPLES, "problems": 512, "seed": SEED}
     for name, folder, working, budget in WARM_STARTS:
+        if args.only and name != args.only:
+            continue
         started = time.process_time()
         result[name] = measure(ROOT / folder, working, budget)
         result[name]["cpu_seconds"] = time.process_time() - started
