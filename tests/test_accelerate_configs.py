@@ -27,10 +27,12 @@ EXPECTED = {
     # the CPU counterparts of zero2 / zero3.yaml: two CPU processes over gloo (tests/test_zero_training.py)
     "cpu_zero2.yaml": ("DEEPSPEED", 2, None, True, 2, "no"),
     "cpu_zero3.yaml": ("DEEPSPEED", 2, None, True, 3, "no"),
+    # two machines, one CPU process each (tests/test_study_two_nodes.py); torchrun starts MULTI_GPU across machines
+    "cpu_two_nodes.yaml": ("MULTI_GPU", 2, None, True, None, "no"),
 }
 
 
-def test_the_nine_configs_exist():
+def test_the_shipped_configs_are_the_expected_ones():
     assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(EXPECTED)
 
 
@@ -47,7 +49,7 @@ def test_loads_with_accelerates_own_loader(name):
     assert config.use_cpu is use_cpu
     assert config.deepspeed_config.get("zero_stage") == zero_stage
     assert config.mixed_precision == mixed_precision
-    assert config.num_machines == 1
+    assert config.num_machines == (2 if name == "cpu_two_nodes.yaml" else 1)
     if zero_stage == 3:
         assert config.deepspeed_config["zero3_init_flag"] is True
 
@@ -95,7 +97,8 @@ def test_accelerate_launch_places_training_where_the_launcher_does(name, monkeyp
 
     # Only the single-process launcher exports ACCELERATE_USE_CPU; DeepSpeed's launcher does not (cpu_zero*.yaml run
     # on the CPU because DeepSpeed picks its CPU accelerator where there is no GPU); multi_gpu.yaml never runs on CPU.
-    assert env.get("ACCELERATE_USE_CPU", "False") == str(use_cpu and zero_stage is None)
+    # Nor does the multi-GPU launcher (torchrun) for cpu_two_nodes.yaml: `trl-ext launch` sets it for those processes.
+    assert env.get("ACCELERATE_USE_CPU", "False") == str(use_cpu and distributed_type == "NO")
     if zero_stage is not None:
         assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
         assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(zero_stage)

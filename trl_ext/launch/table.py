@@ -47,6 +47,7 @@ EVERY_RECIPE_LAYOUTS = {
 NOT_IN_TABLE = {
     "cpu_zero2.yaml": "DeepSpeed ZeRO-2 on two CPU processes (tests/test_zero_training.py)",
     "cpu_zero3.yaml": "DeepSpeed ZeRO-3 on two CPU processes (tests/test_zero_training.py)",
+    "cpu_two_nodes.yaml": "two machines, one CPU training process each (tests/test_study_two_nodes.py)",
 }
 ROOT = Path(__file__).resolve().parents[2]
 
