@@ -1,14 +1,17 @@
-"""The CPU ablation study reduced (recipes/studies/cpu_ablations.yaml; docs/ablations.md): the demo recipes
-(`demo_warm_start`) run for two arms, one seed, two steps, 16 held-out problems, into a study's folders; then
-`trl-ext study report` on them. The numbers the report states are checked against the runs' logs and against the
-saved final model scored again; the checks of a `demo_warm_start` recipe name the field they refuse."""
+"""The CPU ablation atlas reduced (recipes/studies/cpu_ablations_working.yaml; docs/ablations.md): two of its arms
+(the reference and Dr.GRPO, on the working warm start's recipes) at two seeds, two steps, 16 held-out problems, run
+through the recipes into a study's folders; then `trl-ext study report` with the study's own claims on those arms. The
+numbers the report states are checked against the runs' logs and against the saved final model scored again; the
+checks of a `demo_warm_start` recipe name the field they refuse."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 from test_trainer_helpers import freeze_imports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,23 +21,25 @@ ARGS = (
     f"--per_device_train_batch_size 16 --eval_steps 1 --eval_limit {HELDOUT} --num_generations_eval 2 --limit 64 "
     "--logging_steps 1 --eval_on_start true --max_completion_length 12"
 )
-STUDY = f"""
-name: e2e
-accelerate_config: accelerate_configs/cpu.yaml
-seeds: [0]
-reference: grpo
-metrics: [heldout/greedy_accuracy, heldout/sampled_accuracy, heldout/correct_length, heldout/incorrect_length,
-          heldout/entropy, heldout/mean_length]
-arms:
-  grpo: {{recipe: recipes/countdown/cpu_demo.yaml, args: {ARGS}}}
-  drgrpo: {{recipe: recipes/countdown/cpu_demo_drgrpo.yaml, args: {ARGS}}}
-"""
+ARMS = ("grpo", "drgrpo")
+T_975_1 = 12.706204736  # Student t, 97.5% quantile, 1 degree of freedom (tables)
+
+
+def reduced_study() -> str:
+    """The shipped working atlas with `ARMS` only, seeds 0 and 1, `ARGS` for its sizes, its claims on them."""
+    study = yaml.safe_load((ROOT / "recipes/studies/cpu_ablations_working.yaml").read_text())
+    study["name"], study["seeds"] = "e2e", [0, 1]
+    study.pop("args")  # the atlas's sizes: ARGS replaces them
+    study["arms"] = {name: {**study["arms"][name], "args": ARGS} for name in ARMS}
+    study["claims"] = [c for c in study["claims"] if c["arm"] in ARMS and c["baseline"] in ARMS]
+    assert len(study["claims"]) == 2  # Dr.GRPO's length claim and its accuracy parity
+    return yaml.safe_dump(study)
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """A run folder with the recipes, and a stand-in warm start in runs/warm: the testbed's model and tokenizer at
-    their seed-0 init (no SFT: the pipeline, not the learning, is under test)."""
+    """A run folder with the recipes, and a stand-in warm start in runs/warm: the working testbed's model and tokenizer
+    at their seed-0 init (no SFT: the pipeline, not the learning, is under test)."""
     from trl_ext.testbed.config import TestbedConfig
     from trl_ext.testbed.warm_start import build_model
 
@@ -42,14 +47,14 @@ def folder(tmp_path, monkeypatch):
     for name in ("recipes", "accelerate_configs"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    tokenizer, model, _ = build_model(TestbedConfig())
+    tokenizer, model, _ = build_model(TestbedConfig(working=True))
     model.save_pretrained("runs/warm")
     tokenizer.save_pretrained("runs/warm")
-    (tmp_path / "study.yaml").write_text(STUDY)
+    (tmp_path / "study.yaml").write_text(reduced_study())
     return tmp_path
 
 
-def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
+def test_two_arms_two_seeds_through_the_recipes_and_the_report(folder, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,21 +73,19 @@ def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
     summary = write_report(study, out="shipped/ablations")
 
     _, held_out = testbed_problems()
-    logged = {}
+    logged: dict[str, dict[int, dict]] = {arm: {} for arm in ARMS}
     for run in study.runs():
         history = json.loads((run.output_dir / "trainer_state.json").read_text())["log_history"]
         points = [h for h in history if "heldout/greedy_accuracy" in h]
         assert [h["step"] for h in points] == [0, 1, 2]  # eval_on_start, every step, the last
-        last = points[-1]
-        logged[run.arm.name] = last
+        last = logged[run.arm.name][run.seed] = points[-1]
         # the report states the last validation's numbers, and the training loop's wall clock
         entry = summary["arms"][run.arm.name]
         for key in study.metrics:
             if key in last:
-                assert entry["metrics"][key]["per_seed"] == {0: last[key]}
-                assert entry["metrics"][key]["mean"] == last[key]
+                assert entry["metrics"][key]["per_seed"][run.seed] == last[key]
         runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
-        assert entry["wall_clock_s"]["per_seed"] == {0: runtime}
+        assert entry["wall_clock_s"]["per_seed"][run.seed] == runtime
         # mean length = the correct and the incorrect responses' lengths weighted by their counts; with the static
         # cache (cpu_demo.yaml) the responses are the sampled accuracy's 2 per problem
         assert last["heldout/sample_accuracy"] == last["heldout/sampled_accuracy"]
@@ -98,16 +101,24 @@ def test_two_arms_through_the_recipes_and_the_report(folder, monkeypatch):
         again = evaluate(model, tokenizer, held_out[:HELDOUT], 2, 12)
         assert again["greedy_accuracy"] == last["heldout/greedy_accuracy"]
         assert again["sampled_accuracy"] == last["heldout/sampled_accuracy"]
-    diff = summary["arms"]["drgrpo"]["vs_reference"]["heldout/entropy"]
-    assert diff["seeds"] == [0] and diff["mean"] == pytest.approx(
-        logged["drgrpo"]["heldout/entropy"] - logged["grpo"]["heldout/entropy"], abs=1e-12
-    )
+    # each claim: the per-seed differences of the logged last values, their mean and the t interval (1 df)
+    for claim in summary["claims"]:
+        arm, base = logged[claim["arm"]], logged[claim["baseline"]]
+        diffs = [arm[s][claim["metric"]] - base[s][claim["metric"]] for s in (0, 1)]
+        assert [claim["per_seed"][s] for s in (0, 1)] == pytest.approx(diffs, abs=1e-12)
+        half = T_975_1 * abs(diffs[0] - diffs[1]) / 2  # sd of two values |a - b| / sqrt(2), sem |a - b| / 2
+        assert claim["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
+        if half > 0:
+            assert (claim["low"], claim["high"]) == pytest.approx((claim["mean"] - half, claim["mean"] + half))
+        assert claim["verdict"] in ("shown", "refuted", "cannot tell")
     shipped = json.loads((folder / "shipped/ablations.json").read_text())
     assert shipped == json.loads((study.report_dir / "report.json").read_text())
-    assert (folder / "shipped/ablations.png").stat().st_size > 0
+    assert (folder / "shipped/ablations.png").stat().st_size > 0 and (folder / "shipped/ablations_arms.png").is_file()
     markdown = (folder / "shipped/ablations.md").read_text()
-    assert "![curves](ablations.png)" in markdown and "## heldout/greedy_accuracy (last validation)" in markdown
-    assert f"| grpo | 1 | {logged['grpo']['heldout/entropy']:.4g} |" in markdown
+    assert "## Claims" in markdown and "## heldout/greedy_accuracy (last validation)" in markdown
+    entropy = sum(logged["grpo"][s]["heldout/entropy"] for s in (0, 1)) / 2
+    assert f"| grpo | 2 | {entropy:.4g} |" in markdown
+    assert not math.isnan(entropy)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +142,43 @@ def test_a_demo_recipe_refuses_what_it_would_ignore(args, message):
     recipe = parse_recipe("countdown", ["--config", str(ROOT / "recipes/countdown/cpu_demo.yaml"), *args], 1)
     with pytest.raises(RecipeError, match=message):
         check_demo_recipe(recipe.stated, *recipe.parsed[:2])
+
+
+def test_a_working_recipe_checks_its_budget_and_its_warm_start_folder(tmp_path):
+    """`demo_working` gives the model 192 positions: a budget beyond them is refused before anything is built, and a
+    folder holding the compact warm start (64 positions) is refused with both named."""
+    from trl_ext.recipes import RecipeError
+    from trl_ext.recipes.demo_warm_start import check_demo_recipe, check_warm_start_folder
+    from trl_ext.recipes.entry import parse_recipe
+
+    def parsed(*args):
+        return parse_recipe("countdown", ["--config", str(ROOT / "recipes/countdown/cpu_demo.yaml"), *args], 1)
+
+    recipe = parsed("--max_completion_length", "44")
+    with pytest.raises(RecipeError, match="max_completion_length 44 .* 64 positions .demo_working: true gives 192"):
+        check_demo_recipe(recipe.stated, *recipe.parsed[:2])
+    recipe = parsed("--demo_working", "true", "--max_completion_length", "144")
+    check_demo_recipe(recipe.stated, *recipe.parsed[:2])
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    with pytest.raises(RecipeError, match="64 positions, not the working .* warm start's 192"):
+        check_warm_start_folder(str(tmp_path), recipe.parsed[0])
+    check_warm_start_folder(str(tmp_path), parsed().parsed[0])
+
+
+def test_data_seed_reorders_the_same_problems():
+    """The noise-floor arm of the ablation studies: `data_seed` shuffles the problems (the same set, another order,
+    the same for the same data_seed); without it the demo's order."""
+    from types import SimpleNamespace
+
+    from trl_ext.recipes.demo_warm_start import load_demo_datasets
+
+    args = SimpleNamespace(limit=200, eval_limit=8)
+    plain, held_out = load_demo_datasets(args)
+    shuffled, _ = load_demo_datasets(args, data_seed=1)
+    keys = [list(zip(d["nums"], d["target"], strict=True)) for d in (plain, shuffled)]
+    key = [(tuple(n), t) for n, t in keys[0]]
+    assert sorted(key) == sorted((tuple(n), t) for n, t in keys[1]) and keys[0] != keys[1]
+    assert load_demo_datasets(args, data_seed=1)[0]["prompt"] == shuffled["prompt"] and len(held_out) == 8
 
 
 def test_validation_points():

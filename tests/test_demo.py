@@ -294,6 +294,26 @@ def test_sft_rows_cycle_the_problems_with_valid_solutions():
     assert single["completion"] == [f"<answer>{p['solution']}</answer>" for p in train]
 
 
+def test_working_sft_rows_write_a_worked_search_before_a_correct_answer():
+    """With --working each SFT completion is `step,step,...<answer>expression</answer>`: 0 to 2 dead ends drawn
+    afresh per row (all three counts occur), then the 2 steps of a 3-number solution; the answer is correct."""
+    from collections import Counter
+
+    from trl_ext.rewards import countdown_reward_fn
+
+    cfg = demo.parse_args(["--num_train_problems", "50", "--num_labelled", "10", "--num_eval_problems", "8"])
+    train, _ = demo.make_splits(cfg)
+    rows = demo.sft_dataset(train, 150, all_solutions=True, seed=0, working_dead_ends=2)
+    dead_ends = Counter()
+    for i, row in enumerate(rows):
+        assert countdown_reward_fn(row["completion"], train[i % 50], require_all=True) == 1.0, row
+        steps = row["completion"].split("<answer>")[0].split(",")
+        assert all(step.count("=") == 1 for step in steps), row
+        dead_ends[len(steps) - 2] += 1
+    assert sorted(dead_ends) == [0, 1, 2]
+    assert rows["completion"][:50] != rows["completion"][50:100]  # each pass draws its workings afresh
+
+
 def test_paired_sign_test_by_hand():
     # lost 1, gained 3: p = 2 * (C(4,0) + C(4,1)) / 2**4 = 0.625
     r = demo.paired_sign_test([1, 0, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1])
@@ -361,6 +381,10 @@ def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
         (["--ei_steps", "5"], "--ei_steps.*only with --ei"),  # an EI setting without the arm
         (["--ei", "--ei_questions", "20"], "--ei_questions"),  # 20 x 8 is not a multiple of 128
         (["--ei", "--ei_learning_rate", "0"], "--ei_learning_rate"),
+        (["--working_dead_ends", "3"], "--working_dead_ends.*only with --working"),
+        (["--working", "--working_dead_ends", "-1"], "--working_dead_ends must be >= 0"),
+        (["--max_completion_length", "44"], "--max_completion_length 44 .* 64 positions; --working gives it 192"),
+        (["--working", "--max_completion_length", "172"], "--max_completion_length 172 .* 192 positions"),
     ],
 )
 def test_bad_sizes_fail_before_any_model(argv, field):

@@ -252,6 +252,21 @@ DIFFS["countdown/cpu_demo_offpolicy_no_clip.yaml"] = (
     "countdown/cpu_demo_offpolicy_clip.yaml",
     {"pg_loss_type", "epsilon"},
 )
+# The same phase from the working warm start (room for the length to move), and its arms, which change what the
+# compact arms change.
+DIFFS["countdown/cpu_demo_working.yaml"] = (
+    "countdown/cpu_demo.yaml",
+    {"demo_working", "model_name_or_path", "max_completion_length"},
+)
+for _arm in ("no_std", "drgrpo", "no_baseline", "offpolicy_clip"):
+    DIFFS[f"countdown/cpu_demo_working_{_arm}.yaml"] = (
+        "countdown/cpu_demo_working.yaml",
+        DIFFS[f"countdown/cpu_demo_{_arm}.yaml"][1],
+    )
+DIFFS["countdown/cpu_demo_working_offpolicy_no_clip.yaml"] = (
+    "countdown/cpu_demo_working_offpolicy_clip.yaml",
+    {"pg_loss_type", "epsilon"},
+)
 # Asynchronous rollouts: generation one optimizer step ahead, with TRL's importance-sampling correction.
 for _async, _sync in (("countdown/qwen3_1.7b_grpo_l512_async.yaml", "countdown/qwen3_1.7b_grpo_l512.yaml"),
                       ("gsm8k/r1_zero_async.yaml", "gsm8k/r1_zero.yaml")):  # fmt: skip
@@ -299,7 +314,9 @@ def test_every_recipe_parses_into_the_three_configs(recipe):
     if recipe.startswith("countdown/cpu_demo"):  # the demo's GRPO phase: its warm start, one core, no wandb
         assert script_args.demo_warm_start and not training_args.use_vllm and training_args.report_to == []
         per_rollout = 4 if "offpolicy" in recipe else 1  # 2 epochs x 2 batches of 64
-        assert (training_args.max_steps, training_args.max_completion_length) == (160 * per_rollout, 32)
+        budget = 144 if "working" in recipe else 32  # four times the warm start's typical response
+        assert (training_args.max_steps, training_args.max_completion_length) == (160 * per_rollout, budget)
+        assert script_args.demo_working == ("working" in recipe)
         return
     assert training_args.report_to == ["wandb"]
     if recipe != "grpo_defaults.yaml":

@@ -59,6 +59,10 @@ def test_study_file_runs_and_their_arguments(tmp_path):
         "--config", "recipes/countdown/cpu_tiny.yaml", "--learning_rate", "3e-5",
         "--output_dir", str(run.output_dir), "--seed", "1", "--resume", "true",
     ]  # fmt: skip
+    # the study's args go to every arm, before the arm's own (a later flag wins in the recipe CLI)
+    study = load_study(_write(tmp_path, BASE + "args: --n_grpo_steps 7 --learning_rate 1e-4\n"), root=tmp_path)
+    assert study.arm("a").args == ("--n_grpo_steps", "7", "--learning_rate", "1e-4")
+    assert study.arm("b").args == ("--n_grpo_steps", "7", "--learning_rate", "1e-4", "--learning_rate", "3e-5")
 
 
 @pytest.mark.parametrize(
@@ -70,6 +74,7 @@ def test_study_file_runs_and_their_arguments(tmp_path):
         (("name: s", "name: s\nmetric: x"), "unknown field(s) metric"),
         (("cpu_tiny.yaml}\n  b", "nope.yaml}\n  b"), "arms.a.recipe: recipes/countdown/nope.yaml not found"),
         (("--learning_rate 3e-5", "--seed 3"), "arms.b.args: --seed is set by the study"),
+        (("name: s", "name: s\nargs: --output_dir x"), "study.yaml: args: --output_dir is set by the study"),
         (("{recipe: recipes/countdown/cpu_tiny.yaml}", "{recipe: recipes/countdown/cpu_tiny.yaml, gpus: 2}"),
          "arms.a: unknown field(s) gpus"),
         (("accelerate_config: accelerate_configs/cpu.yaml\n", ""), "arms.a: no accelerate_config"),
@@ -115,10 +120,6 @@ GPU_STUDIES = [p for p in STUDIES if "cpu" not in p.stem]
 def test_every_shipped_cpu_study_plans_on_this_machine(path, launch_folder):
     """Each arm's first seed through the launcher's plan and preflight on this machine's cores."""
     study = load_study(path)
-    if any(a.recipe.name.startswith("cpu_demo") for a in study.arms):  # a stand-in for the demo's SFT warm start
-        from trl_ext.tiny import ensure_tiny_model
-
-        ensure_tiny_model("runs/demo_models/countdown_sft")
     first = [r for r in study.runs() if r.seed == study.seeds[0]]
     plans, where = plan_study(study, runs=first, check_packages=False)
     assert [p.run.arm.name for p in plans] == [a.name for a in study.arms]
@@ -322,9 +323,55 @@ def test_report_without_example_rollouts_draws_no_empty_length_figure(tmp_path):
     summary = write_report(study, out=out)
     assert summary["arms"]["a"]["mean_length_chars"] == {"correct": None, "incorrect": None}
     assert not (study.report_dir / "lengths.png").exists()
-    assert sorted(p.name for p in out.parent.iterdir()) == ["ablations.json", "ablations.md", "ablations.png"]
+    shipped = ["ablations.json", "ablations.md", "ablations.png", "ablations_arms.png"]
+    assert sorted(p.name for p in out.parent.iterdir()) == shipped
     for md in (study.report_dir / "report.md", out.with_suffix(".md")):
         assert "![curves]" in md.read_text() and "lengths" not in md.read_text().split("![curves]")[1]
+
+
+CLAIMS = """
+metrics: [heldout/greedy_accuracy, heldout/incorrect_length]
+claims:
+  - {claim: longer, metric: heldout/incorrect_length, arm: a, baseline: b, direction: greater}
+  - {claim: same, metric: heldout/greedy_accuracy, arm: b, baseline: a, direction: equivalent, margin: 0.05}
+  - {claim: faster, metric: heldout/greedy_accuracy, arm: a, baseline: b, direction: greater, value: mean}
+"""
+
+
+def test_report_judges_the_claims_from_the_logged_values(tmp_path):
+    """Three seeds of two arms with hand-set validations: the claims table's differences, intervals and verdicts are
+    those of the logged numbers (last validation, or the mean over the validations), and the per-arm figure ships."""
+    study = load_study(_write(tmp_path, BASE.replace("[0, 1]", "[0, 1, 2]") + CLAIMS), tmp_path)
+    greedy = {"a": [(0.10, 0.30), (0.20, 0.32), (0.30, 0.34)], "b": [(0.10, 0.31), (0.10, 0.33), (0.10, 0.32)]}
+    incorrect = {"a": [12.0, 13.0, 14.0], "b": [10.0, 10.5, 11.5]}
+    for arm in ("a", "b"):
+        for seed in range(3):
+            (first, last), wrong = greedy[arm][seed], incorrect[arm][seed]
+            history = [
+                {"step": 10, "reward": 0.2, "entropy": 0.3, "step_time": 1.0},
+                {"step": 10, "heldout/greedy_accuracy": first, "heldout/incorrect_length": 9.0},
+                {"step": 20, "reward": 0.3, "entropy": 0.2, "step_time": 1.0},
+                {"step": 20, "heldout/greedy_accuracy": last, "heldout/incorrect_length": wrong},
+            ]
+            _fake_run(study.folder / arm / f"seed{seed}", history, [])
+            (study.folder / arm / f"seed{seed}" / "eval_results.json").write_text("{}")
+    out = tmp_path / "shipped" / "ablations"
+    longer, same, faster = write_report(study, out=out)["claims"]
+    # a - b incorrect length: 2.0, 2.5, 2.5 -> mean 7/3, sd 0.2887: [1.616, 3.050], above 0
+    half = T_975_2 * math.sqrt(1 / 12) / math.sqrt(3)
+    assert longer["per_seed"] == {0: 2.0, 1: 2.5, 2: 2.5} and longer["verdict"] == "shown"
+    assert (longer["low"], longer["high"]) == pytest.approx((7 / 3 - half, 7 / 3 + half), rel=1e-6)
+    # b - a last greedy: 0.01, 0.01, -0.02 -> mean 0, sd 0.01732: [-0.043, 0.043], inside +-0.05
+    assert same["mean"] == pytest.approx(0.0, abs=1e-12) and same["verdict"] == "shown"
+    # a - b curve means: (0.2 - 0.205), (0.26 - 0.215), (0.32 - 0.21) -> -0.005, 0.045, 0.11
+    assert faster["per_seed"] == pytest.approx({0: -0.005, 1: 0.045, 2: 0.11})
+    assert faster["verdict"] == "cannot tell" and faster["seeds_to_decide"] > 3
+    markdown = out.with_suffix(".md").read_text()
+    row = "| longer | `a` - `b`, heldout/incorrect_length (last) | > 0 | 2.333 [1.616, 3.05] (3) | **shown** | - |"
+    assert row in markdown and f"**cannot tell** | {faster['seeds_to_decide']} |" in markdown
+    assert "`b` - `a`, heldout/greedy_accuracy (last) | within +-0.05 |" in markdown  # the band, both signs
+    assert "![per arm](ablations_arms.png)" in markdown
+    assert (out.parent / "ablations_arms.png").stat().st_size > 0
 
 
 def test_progress_from_the_status_file_and_finished_from_the_folder(tmp_path):

@@ -16,6 +16,7 @@ from trl_ext.tasks import (
     compact_prompt,
     countdown_key,
     countdown_solutions,
+    countdown_working,
     make_countdown_demo_splits,
     make_countdown_problems,
     solve_countdown,
@@ -274,3 +275,52 @@ def test_countdown_solutions_are_exact_complete_and_include_the_generators_solut
 def test_countdown_solutions_rejects_sizes_it_cannot_enumerate():
     with pytest.raises(ValueError, match="1 to 5 numbers, got 6"):
         countdown_solutions([1, 2, 3, 4, 5, 6], 10)
+
+
+def _reaches_by_brute_force(values: list[int], target: int) -> bool:
+    """Whether some order of pairwise steps with non-negative integer results turns `values` into `target`."""
+    if len(values) == 1:
+        return values[0] == target
+    for i, j in itertools.permutations(range(len(values)), 2):
+        a, b = values[i], values[j]
+        rest = [x for k, x in enumerate(values) if k not in (i, j)]
+        results = [a + b, a * b] + ([a - b] if a >= b else []) + ([a // b] if b and a % b == 0 else [])
+        if any(_reaches_by_brute_force(rest + [v], target) for v in results):
+            return True
+    return False
+
+
+def test_countdown_working_writes_true_steps_dead_ends_first_then_a_solution():
+    """Every step's arithmetic is right and uses the numbers at hand; the first `k` steps are dead ends (from what
+    is left no step sequence reaches the target, by brute force); the rest solve it; the expression uses every
+    number once and equals the target; the completion renders the steps before the answer."""
+    problems = make_countdown_problems(60, seed=3, num_count=(3, 4), max_number=12, max_target=60)
+    counts = Counter()
+    for i, p in enumerate(problems):
+        dead_ends = i % 4
+        steps, expression = countdown_working(p["nums"], p["target"], random.Random(i), dead_ends)
+        assert steps == countdown_working(p["nums"], p["target"], random.Random(i), dead_ends)[0]  # seeded
+        value, used = exact_value(expression)
+        assert value == p["target"] and sorted(used) == sorted(p["nums"])
+        solving = len(p["nums"]) - 1  # each step combines two numbers into one
+        written_dead_ends = len(steps) - solving
+        assert 0 <= written_dead_ends <= dead_ends
+        counts[written_dead_ends == dead_ends] += 1
+        pool = list(p["nums"])
+        for k, step in enumerate(steps):
+            left, result = step.split("=")
+            a, op, b = next((left[:n], left[n], left[n + 1 :]) for n in range(1, len(left)) if left[n] in "+-*/")
+            a, b, result = int(a), int(b), int(result)
+            assert exact_value(left)[0] == result >= 0, step
+            current = list(p["nums"]) if k < written_dead_ends else pool
+            assert Counter([a, b]) <= Counter(current), (step, current)
+            rest = list((Counter(current) - Counter([a, b])).elements()) + [result]
+            if k < written_dead_ends:
+                assert not _reaches_by_brute_force(rest, p["target"]), (p, step)
+            else:
+                pool = rest
+        assert pool == [p["target"]]
+        text = compact_completion(expression, steps)
+        assert text == ",".join(steps) + f"<answer>{expression}</answer>"
+    assert counts[True] > 40  # most problems have enough dead ends to write all that were asked for
+    assert countdown_working([1, 1], 7, random.Random(0)) is None  # 1+1, 1*1, 1-1, 1/1: none is 7

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The tests that train and then compare numbers (docs/testing.md, "Learning outcomes on any CPU", says each margin).
 OUTCOME_TESTS = [
     "tests/test_demo.py",
+    "tests/test_objectives_mechanisms.py",
     "tests/test_trainer_learning.py",
     "tests/test_trainer_training.py",
     "tests/test_sampling.py",

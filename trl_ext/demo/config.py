@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
-from trl_ext.testbed.config import TestbedConfig
+from trl_ext.testbed.config import WORKING_POSITIONS, TestbedConfig, longest_prompt_tokens, model_positions
 
 GPU_RECIPE = "recipes/countdown/qwen3_1.7b_grpo_l512.yaml"
 GPU_COMMAND = (
@@ -181,6 +181,17 @@ def check(cfg: DemoConfig) -> None:
         raise ValueError(
             f"--ei_questions x --num_generations ({cfg.ei_questions} x {cfg.num_generations}) must be a multiple of "
             f"--grpo_batch_size ({cfg.grpo_batch_size}): EI generates in calls of that many completions, as GRPO does"
+        )
+    if cfg.working_dead_ends < 0:
+        raise ValueError(f"--working_dead_ends must be >= 0, got {cfg.working_dead_ends}")
+    if cfg.working_dead_ends != defaults["working_dead_ends"] and not cfg.working:
+        raise ValueError("--working_dead_ends shapes the worked search the SFT completions write, only with --working")
+    longest_prompt = longest_prompt_tokens(cfg)
+    if longest_prompt + cfg.max_completion_length > model_positions(cfg):
+        raise ValueError(
+            f"--max_completion_length {cfg.max_completion_length} and the longest prompt ({longest_prompt} tokens) "
+            f"exceed the model's {model_positions(cfg)} positions"
+            + ("" if cfg.working else f"; --working gives it {WORKING_POSITIONS}")
         )
     if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
         raise ValueError("--hidden_size must be divisible by --num_heads, and --num_heads by --num_kv_heads")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trl_ext.demo.config import DemoConfig
 from trl_ext.demo.phases import run_sft
+from trl_ext.testbed.config import model_positions
 from trl_ext.testbed.heldout import evaluate
 from trl_ext.testbed.problems import DEMO_CHARS, make_splits, split_labelled
 
@@ -69,7 +70,7 @@ def child_main(spec_path: str) -> None:
     torch.set_num_threads(spec["threads"])
     train, held_out = make_splits(cfg)
     labelled, unlabelled = split_labelled(train, cfg.num_labelled)
-    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=64)
+    tokenizer = build_char_tokenizer(DEMO_CHARS, model_max_length=model_positions(cfg))
     if arm == "ei":
         from trl_ext.demo.ei import run_ei_arm
 

@@ -156,6 +156,14 @@ class GRPOScriptArguments:
             "the log history). Countdown only; the data fields are then the demo's (stating them is an error)."
         },
     )
+    demo_working: bool = field(
+        default=False,
+        metadata={
+            "help": "With demo_warm_start: the warm start taught to write a worked search before its answer (the "
+            "demo's --working: dead-end steps, then a solution's, so the response length is free apart from its "
+            "correctness; 192 positions), built into model_name_or_path; see docs/ablations.md."
+        },
+    )
     expected_completion_tokens: int | None = field(
         default=None,
         metadata={

@@ -3,8 +3,10 @@ on the CPU testbed (`trl_ext.testbed`, which the demo shares).
 
 - the model: the testbed's SFT warm start, built into `model_name_or_path` by the run's first step when it is not
   there (`trl_ext.testbed.warm_start.ensure_warm_start`; the preflight's plan shows the step, the checks build
-  nothing);
-- the training problems: the testbed's unlabelled ones (`limit` keeps the first N), compact prompts;
+  nothing); with `demo_working: true` the warm start taught to write a worked search before its answer (the
+  testbed's `working`, 192 positions), whose response length is free apart from its correctness;
+- the training problems: the testbed's unlabelled ones (`limit` keeps the first N), compact prompts; `data_seed`
+  reorders them (the same sampling seed, another data order);
 - the validation: the testbed's held-out problems (`eval_limit`: the first N of the 512) scored by
   `trl_ext.testbed.heldout.evaluate` (greedy accuracy, and the mean accuracy of `num_generations_eval` samples at
   temperature 1) and the responses' entropy, mean length, mean length of the correct and of the incorrect
@@ -37,8 +39,16 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
     Raises:
         RecipeError: naming the field that the combination ignores or that contradicts the warm start.
     """
-    from trl_ext.testbed.config import TestbedConfig
+    from trl_ext.testbed.config import WORKING_POSITIONS, TestbedConfig, longest_prompt_tokens, model_positions
 
+    testbed = warm_start_config(script_args)
+    longest_prompt = longest_prompt_tokens(testbed)
+    if longest_prompt + training_args.max_completion_length > model_positions(testbed):
+        raise RecipeError(
+            f"max_completion_length {training_args.max_completion_length} and the longest compact prompt "
+            f"({longest_prompt} tokens) exceed the warm start's {model_positions(testbed)} positions"
+            + ("" if script_args.demo_working else f" (demo_working: true gives {WORKING_POSITIONS})")
+        )
     for name in REPLACED:
         if name in stated:
             raise RecipeError(f"{name} has no effect with demo_warm_start (the demo's problems and model); remove it")
@@ -70,14 +80,56 @@ def check_demo_recipe(stated: dict, script_args, training_args) -> None:
         )
 
 
-def load_demo_datasets(script_args):
-    """(training dataset of the testbed's unlabelled problems, the held-out problems to validate on)."""
+def warm_start_config(script_args):
+    """The `TestbedConfig` whose warm start the recipe trains from: the testbed's defaults, with `working` when the
+    recipe sets `demo_working`."""
+    from trl_ext.testbed.config import TestbedConfig
+
+    return TestbedConfig(working=bool(script_args.demo_working))
+
+
+def check_warm_start_folder(path: str, script_args) -> None:
+    """A model already in `path` is the warm start the recipe asks for: its positions are that warm start's (a folder
+    built for the other one would train the wrong model without a word). Reads `config.json` only.
+
+    Raises:
+        RecipeError: naming model_name_or_path and both warm starts.
+    """
+    import json
+    from pathlib import Path
+
+    from trl_ext.testbed.config import model_positions
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    expected = model_positions(warm_start_config(script_args))
+    found = json.loads(config.read_text()).get("max_position_embeddings")
+    if found != expected:
+        wanted = "working (demo_working: true)" if script_args.demo_working else "compact"
+        raise RecipeError(
+            f"model_name_or_path {path} holds a model with {found} positions, not the {wanted} warm start's "
+            f"{expected}: point model_name_or_path at another folder (each warm start is built into its own)"
+        )
+
+
+def load_demo_datasets(script_args, data_seed: int | None = None):
+    """(training dataset of the testbed's unlabelled problems, the held-out problems to validate on).
+
+    `data_seed` (the training arguments' `data_seed`), when set, shuffles the problems before the trainer's sampler
+    draws its seed's order over them: two runs of one seed then see the problems in different orders with the same
+    sampling seed (a noise-floor pair of an ablation study)."""
+    import random
+
     from trl_ext.testbed.problems import grpo_dataset
     from trl_ext.testbed.warm_start import testbed_problems
 
     unlabelled, held_out = testbed_problems()
     if script_args.limit is not None:
         unlabelled = unlabelled[: script_args.limit]
+    if data_seed is not None:
+        unlabelled = list(unlabelled)
+        random.Random(data_seed).shuffle(unlabelled)
     return grpo_dataset(unlabelled), held_out[: script_args.eval_limit]
 
 

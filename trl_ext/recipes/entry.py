@@ -92,14 +92,17 @@ def check_parsed_recipe(
     if getattr(script_args, "tiny_model", False):  # built before the checks (and the server) look for it
         ensure_tiny_model(model_args.model_name_or_path)
     planned = None
+    if getattr(script_args, "demo_working", False) and not getattr(script_args, "demo_warm_start", False):
+        raise RecipeError("demo_working chooses which demo warm start to train from; it needs demo_warm_start: true")
     if getattr(script_args, "demo_warm_start", False):  # checked here; built by the run's first step (planned)
         if recipe.task != "countdown":
             raise RecipeError(f"demo_warm_start trains the Countdown demo's model; {recipe.task} has no warm start")
-        from trl_ext.recipes.demo_warm_start import check_demo_recipe
+        from trl_ext.recipes.demo_warm_start import check_demo_recipe, check_warm_start_folder, warm_start_config
         from trl_ext.testbed.warm_start import planned_warm_start
 
         check_demo_recipe(recipe.stated, script_args, training_args)
-        planned = planned_warm_start(model_args.model_name_or_path)
+        check_warm_start_folder(model_args.model_name_or_path, script_args)
+        planned = planned_warm_start(model_args.model_name_or_path, warm_start_config(script_args))
     context = make_context(recipe.parsed)
     return check_recipe(
         recipe.task, recipe.config, list(recipe.argv), recipe.parsed, context, recipe.stated, environ, planned

@@ -226,11 +226,12 @@ def run_grpo_recipe(task: str, argv: Sequence[str] | None = None) -> dict[str, f
     (script_args, training_args, model_args), report = entry_preflight(task, argv)
     adapt_generation_kwargs(training_args)
     if script_args.demo_warm_start:  # the testbed's problems; its held-out set scored by a callback, not by TRL
-        from trl_ext.recipes.demo_warm_start import heldout_callback, load_demo_datasets
+        from trl_ext.recipes.demo_warm_start import heldout_callback, load_demo_datasets, warm_start_config
         from trl_ext.testbed.warm_start import ensure_warm_start
 
-        ensure_warm_start(model_args.model_name_or_path)  # the plan's first step: build the warm start if absent
-        train_dataset, held_out = load_demo_datasets(script_args)
+        # the plan's first step: build the warm start if absent
+        ensure_warm_start(model_args.model_name_or_path, warm_start_config(script_args))
+        train_dataset, held_out = load_demo_datasets(script_args, training_args.data_seed)
         reward_funcs = get_reward_funcs(script_args.reward_funcs, training_args)
         validation = heldout_callback(None, held_out, training_args, script_args.final_eval)
         training_args.eval_strategy, training_args.eval_on_start = "no", False

@@ -1,5 +1,5 @@
 """`trl-ext study report`: the study's numbers from its run folders, into `runs/<study>/report/` (report.md,
-report.json, curves.png, lengths.png).
+report.json, curves.png, arms.png, lengths.png).
 
 - Per arm and metric: the metric's last validation value of each finished seed; the mean, and a 95% Student-t
   interval over seeds (`scipy.stats.t.interval`; none with one seed).
@@ -11,23 +11,28 @@ report.json, curves.png, lengths.png).
 - Response length of correct and of incorrect completions: from the example rollouts each run writes
   (`rollouts.jsonl`, a few per logged step); a completion is correct when its reward is >= 1 (the answer reward's
   value); length in characters of the completion text. The entropy: the trainer's logged `entropy`.
+- Claims (the study file's `claims:`, `trl_ext.study.claims`): each judged shown / refuted / cannot tell from its
+  paired differences, with the seeds a power calculation says a decision would take.
+- Per arm (`arms.png`): one row per arm, the seeds' mean and band of the accuracy metrics by step and by wall clock,
+  of the length metrics and of the entropy by step.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from trl_ext.reporting.figures import pyplot, save
-from trl_ext.reporting.run_logs import band, last_value, load_run
+from trl_ext.reporting.run_logs import band, last_value, load_run, metric_key, series
+from trl_ext.study.claims import CONFIDENCE, judge
 from trl_ext.study.progress import is_finished
 from trl_ext.study.spec import DEFAULT_METRICS, Study
 
 CURVES = (("train reward", "reward"), ("validation accuracy", "eval_rewards/*/answer_reward"), ("entropy", "entropy"))
-CONFIDENCE = 0.95
 #: The logged wall-clock seconds of a run's training loop (HF Trainer's last train entry; evaluations inside the loop
 #: included, model loading and saving not).
 WALL_CLOCK = "train_runtime"
@@ -66,6 +71,14 @@ def paired(values: dict[int, float], reference: dict[int, float]) -> dict:
     return out
 
 
+def curve_mean(log, pattern: str) -> float | None:
+    """The mean of every logged number of the metric `pattern` in a run (`metric_key` resolves it): over equally
+    spaced validations, the area under the held-out curve per step."""
+    key = metric_key(log, [pattern])
+    values = series(log, key)[1] if key is not None else []
+    return float(np.mean(values)) if values else None
+
+
 def completion_lengths(run_dir: Path) -> dict[int, dict[str, list[int]]]:
     """`{step: {"correct": [chars], "incorrect": [chars]}}` from the run's `rollouts.jsonl` (module docstring)."""
     path = run_dir / "rollouts.jsonl"
@@ -97,6 +110,7 @@ def collect(study: Study) -> dict:
             seeds[seed] = {
                 "folder": str(folder),
                 "metrics": {m: last_value(log.history, m) for m in study.metrics},
+                "curve_means": {m: curve_mean(log, m) for m in study.metrics},
                 "log": log,
                 "lengths": completion_lengths(folder),
             }
@@ -121,7 +135,20 @@ def collect(study: Study) -> dict:
         walls = {s: last_value(d["log"].history, WALL_CLOCK) for s, d in seeds.items()}
         entry["wall_clock_s"] = {**mean_ci([w for w in walls.values() if w is not None]), "per_seed": walls}
         summary["arms"][name] = entry
+    summary["claims"] = [judge_claim(claim, arms) for claim in study.claims]
     return {"summary": summary, "raw": arms}
+
+
+def judge_claim(claim, arms: dict) -> dict:
+    """A claim's entry of the summary: its fields, the per-seed differences `arm - baseline` and the verdict."""
+    field = "metrics" if claim.value == "last" else "curve_means"
+    arm, base = arms[claim.arm], arms[claim.baseline]
+    diffs = {
+        s: arm[s][field][claim.metric] - base[s][field][claim.metric]
+        for s in sorted(set(arm) & set(base))
+        if arm[s][field][claim.metric] is not None and base[s][field][claim.metric] is not None
+    }
+    return {**asdict(claim), "per_seed": diffs, **judge(claim, list(diffs.values()))}
 
 
 def plot(study: Study, data: dict, folder: Path) -> list[Path]:
@@ -173,12 +200,95 @@ def plot(study: Study, data: dict, folder: Path) -> list[Path]:
     return paths
 
 
+def _kind(metric: str) -> str:
+    """The per-arm figure's panel of a metric: `length`, `entropy` or `score` (accuracies, rewards)."""
+    name = metric.lower()
+    return "length" if "length" in name else "entropy" if "entropy" in name else "score"
+
+
+def plot_arms(study: Study, data: dict, path: Path) -> Path | None:
+    """`arms.png`: a row per arm; columns: the score metrics by step and by wall clock, the length metrics by step,
+    the entropy by step (the study's entropy metric, else the trainer's); each the seeds' mean with their band."""
+    raw = data["raw"]
+    if not any(raw.values()):
+        return None
+    by_kind = {k: [m for m in study.metrics if _kind(m) == k] for k in ("score", "length", "entropy")}
+    columns = [
+        ("accuracy", by_kind["score"], "step"),
+        ("accuracy", by_kind["score"], "wall_clock"),
+        ("length", by_kind["length"], "step"),
+        ("entropy", by_kind["entropy"] or ["entropy"], "step"),
+    ]
+    columns = [c for c in columns if c[1]]
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        len(raw), len(columns), figsize=(3.8 * len(columns), 2.5 * len(raw)), squeeze=False, sharex="col",
+        sharey="col",
+    )  # fmt: skip
+    for row, (arm, seeds) in enumerate(raw.items()):
+        for col, (title, keys, axis) in enumerate(columns):
+            ax = axes[row][col]
+            for key in keys:
+                curve = band([d["log"] for d in seeds.values()], key, axis)
+                if curve is None:
+                    continue
+                grid, mean, low, high = curve
+                (line,) = ax.plot(grid, mean, label=key.rsplit("/", 1)[-1])
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+            ax.set_title(f"{arm} ({len(seeds)} seeds): {title}", fontsize=8)
+            if row == len(raw) - 1:
+                ax.set_xlabel("optimizer step" if axis == "step" else "wall clock (s)")
+            if row == 0 and ax.lines:
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    return save(fig, path, dpi=80)
+
+
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+_SIGN = {"greater": "> {m}", "less": "< -{m}", "equivalent": "within +-{m}"}
+
+
+def render_claims(claims: list[dict]) -> list[str]:
+    """The claims table: each claim, the paired comparison it rests on, the verdict and what deciding would take."""
+    lines = [
+        "## Claims",
+        "",
+        "Paired by seed: arm minus baseline, mean [95% Student-t interval] (pairs). Shown: the interval lies on the "
+        "claimed side; refuted: on the other; else the seeds a power calculation (noncentral t, power 0.8) says a "
+        "decision would take if the measured mean and spread were the true ones.",
+        "",
+        "| claim | arm - baseline, metric | claimed | difference | verdict | seeds to decide |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in claims:
+        value = "curve mean" if c["value"] == "mean" else "last"
+        claimed = _SIGN[c["direction"]].format(m=_fmt(c["margin"]))
+        if not c["margin"]:  # no margin: "> 0" / "< 0", not "< -0"
+            claimed = claimed.replace("-0", "0")
+        if c["low"] is not None:
+            diff = f"{_fmt(c['mean'])} [{_fmt(c['low'])}, {_fmt(c['high'])}] ({c['n']})"
+        else:
+            diff = f"{_fmt(c['mean'])} ({c['n']})"
+        if c["verdict"] == "cannot tell":
+            needed = str(c["seeds_to_decide"]) if c["seeds_to_decide"] is not None else "more than 1000"
+        else:
+            needed = "-"
+        lines.append(
+            f"| {c['claim']} | `{c['arm']}` - `{c['baseline']}`, {c['metric']} ({value}) | {claimed} | {diff} | "
+            f"**{c['verdict']}** | {needed} |"
+        )
+    return [*lines, ""]
+
+
 def render_markdown(
-    study: Study, summary: dict, curves: str = "curves.png", lengths: str | None = "lengths.png"
+    study: Study,
+    summary: dict,
+    curves: str = "curves.png",
+    lengths: str | None = "lengths.png",
+    arms: str | None = None,
 ) -> str:
     lines = [f"# Study {study.name}", ""]
     if study.description:
@@ -189,6 +299,8 @@ def render_markdown(
         "per-problem results).",
         "",
     ]
+    if summary.get("claims"):
+        lines += render_claims(summary["claims"])
     for m in study.metrics:
         lines += [
             f"## {m} (last validation)",
@@ -233,15 +345,18 @@ def render_markdown(
     lines += ["", f"![curves]({curves})", ""]
     if lengths is not None:
         lines += [f"![lengths]({lengths})", ""]
+    if arms is not None:
+        lines += [f"![per arm]({arms})", ""]
     return "\n".join(lines)
 
 
 def write_report(study: Study, out: str | Path | None = None) -> dict:
-    """Writes report.md, report.json, curves.png and lengths.png (when the runs logged example rollouts) under
-    `runs/<study>/report/`; returns the summary.
+    """Writes report.md, report.json, curves.png, arms.png (per arm) and lengths.png (when the runs logged example
+    rollouts) under `runs/<study>/report/`; returns the summary.
 
     With `out` (a path without suffix, e.g. `benchmarks/results/ablations`) also the copies to ship: `<out>.md`,
-    `<out>.json`, `<out>.png` (the curves) and `<out>_lengths.png`, the Markdown pointing at those figures."""
+    `<out>.json`, `<out>.png` (the curves), `<out>_arms.png` and `<out>_lengths.png`, the Markdown pointing at those
+    figures."""
     import shutil
 
     data = collect(study)
@@ -250,7 +365,12 @@ def write_report(study: Study, out: str | Path | None = None) -> dict:
     summary = data["summary"]
     (folder / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     has_lengths = folder / "lengths.png" in plot(study, data, folder)
-    (folder / "report.md").write_text(render_markdown(study, summary, lengths="lengths.png" if has_lengths else None))
+    has_arms = plot_arms(study, data, folder / "arms.png") is not None
+    (folder / "report.md").write_text(
+        render_markdown(
+            study, summary, lengths="lengths.png" if has_lengths else None, arms="arms.png" if has_arms else None
+        )
+    )
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,6 +380,10 @@ def write_report(study: Study, out: str | Path | None = None) -> dict:
         if has_lengths:
             lengths = f"{out.name}_lengths.png"
             shutil.copyfile(folder / "lengths.png", out.with_name(lengths))
-        markdown = render_markdown(study, summary, f"{out.name}.png", lengths)
+        arms = None
+        if has_arms:
+            arms = f"{out.name}_arms.png"
+            shutil.copyfile(folder / "arms.png", out.with_name(arms))
+        markdown = render_markdown(study, summary, f"{out.name}.png", lengths, arms)
         out.with_name(out.name + ".md").write_text(markdown)
     return summary

@@ -7,6 +7,8 @@ metrics to compare. Pure: reads YAML, checks every field, names the file and fie
     seeds: [0, 1, 2]
     reference: r1_zero                            # default: the first arm
     metrics: ["eval_rewards/*/answer_reward"]     # default: the recipe's validation accuracy
+    claims: [...]                                 # published claims judged by the report (trl_ext.study.claims)
+    args: --n_grpo_steps 400                      # overrides every arm gets, before the arm's own args
     arms:
       r1_zero: {recipe: recipes/gsm8k/r1_zero.yaml}
       lr_3e-5: {recipe: recipes/gsm8k/r1_zero.yaml, args: --learning_rate 3e-5}
@@ -25,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from trl_ext.recipes.arguments import recipe_script
+from trl_ext.study.claims import Claim, parse_claims
 
 #: The recipes' validation accuracy (the answer reward without the format bonus), as `trl-ext plot` draws it.
 DEFAULT_METRICS = ("eval_rewards/*/answer_reward",)
@@ -32,7 +35,7 @@ RUNS_ROOT = Path("runs")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _KEYS = {
     "name", "description", "script", "accelerate_config", "seeds", "reference", "metrics", "arms", "launch_args",
-    "cores_per_run", "slurm",
+    "cores_per_run", "slurm", "claims", "args",
 }  # fmt: skip
 _ARM_KEYS = {"recipe", "args", "script", "accelerate_config", "launch_args"}
 #: The arguments the study sets on every run itself.
@@ -88,6 +91,7 @@ class Study:
     slurm: dict = field(default_factory=dict)
     description: str = ""
     root: Path = RUNS_ROOT
+    claims: tuple[Claim, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -165,6 +169,7 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
         raise StudyError(f"{path}: arms must be a mapping of arm name -> {{recipe: YAML, args: ...}}")
     default_config = data.get("accelerate_config")
     study_launch = _args(data.get("launch_args"), f"{path}: launch_args")
+    study_args = _args(data.get("args"), f"{path}: args")
     arms = []
     for arm_name, arm in arms_data.items():
         where = f"{path}: arms.{arm_name}"
@@ -178,10 +183,11 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
         if bad:
             raise StudyError(f"{where}: unknown field(s) {', '.join(bad)} (known: {', '.join(sorted(_ARM_KEYS))})")
         recipe = _file(arm.get("recipe"), f"{where}.recipe")
-        args = _args(arm.get("args"), f"{where}.args")
+        args = study_args + _args(arm.get("args"), f"{where}.args")
         for flag in args:
             if flag.split("=")[0] in _RESERVED:
-                raise StudyError(f"{where}.args: {flag.split('=')[0]} is set by the study for every run; remove it")
+                field_name = f"{path}: args" if flag in study_args else f"{where}.args"
+                raise StudyError(f"{field_name}: {flag.split('=')[0]} is set by the study for every run; remove it")
         script_value = arm.get("script", data.get("script"))
         script = _file(script_value, f"{where}.script") if script_value else default_script(recipe)
         if not script.is_file():
@@ -210,6 +216,10 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
         value = slurm.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
             raise StudyError(f"{path}: slurm.{key} must be a whole number >= 1, got {value!r}")
+    try:
+        claims = parse_claims(data.get("claims"), str(path), [a.name for a in arms], list(metrics))
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
     return Study(
         path=path,
         name=name,
@@ -221,4 +231,5 @@ def load_study(path: str | Path, root: str | Path = RUNS_ROOT) -> Study:
         slurm=dict(slurm),
         description=str(data.get("description", "")),
         root=Path(root),
+        claims=claims,
     )

@@ -28,7 +28,12 @@ from trl_ext.tasks.countdown import (
     load_countdown,
     make_countdown_demo_splits,
 )
-from trl_ext.tasks.countdown_solver import countdown_solutions, make_countdown_problems, solve_countdown
+from trl_ext.tasks.countdown_solver import (
+    countdown_solutions,
+    countdown_working,
+    make_countdown_problems,
+    solve_countdown,
+)
 from trl_ext.tasks.gsm8k import gsm8k_final_answer, load_gsm8k
 from trl_ext.tasks.kissing import kissing_prompt, load_kissing
 from trl_ext.tasks.math import load_math
@@ -80,6 +85,7 @@ __all__ = [
     "countdown_prompt",
     "countdown_question",
     "countdown_solutions",
+    "countdown_working",
     "format_prompt",
     "get_prompt",
     "gsm8k_final_answer",

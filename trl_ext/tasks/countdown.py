@@ -9,6 +9,7 @@ from typing import Any
 
 from trl_ext.tasks._io import RowError, as_int, build_dataset, convert_rows, read_rows
 from trl_ext.tasks.countdown_solver import countdown_solutions as countdown_solutions
+from trl_ext.tasks.countdown_solver import countdown_working as countdown_working
 from trl_ext.tasks.countdown_solver import make_countdown_problems
 from trl_ext.tasks.countdown_solver import solve_countdown as solve_countdown
 from trl_ext.tasks.prompts import format_prompt, get_prompt
@@ -46,9 +47,10 @@ def compact_prompt(nums: Sequence[int], target: int) -> str:
     return format_prompt("compact", numbers=str([int(x) for x in nums]), target=int(target))
 
 
-def compact_completion(expression: str) -> str:
-    """The tiny demo's completion, `"<answer>14-(10-1)</answer>"`."""
-    return f"<answer>{expression}</answer>"
+def compact_completion(expression: str, steps: Sequence[str] = ()) -> str:
+    """The tiny demo's completion, `"<answer>14-(10-1)</answer>"`; with `steps` (a worked search,
+    `countdown_working`) they come first, comma-separated: `"10-1=9,14-9=5<answer>14-(10-1)</answer>"`."""
+    return f"{','.join(steps)}<answer>{expression}</answer>"
 
 
 def countdown_prompt(

@@ -230,6 +230,81 @@ def _all_expressions(nums: tuple[int, ...]) -> dict[int, frozenset[str]]:
     return {value: frozenset(texts) for value, texts in found.items()}
 
 
+def _moves(values: Sequence[int]) -> list[tuple[int, int, str, int]]:
+    """Every step `values[i] op values[j] = v` with `v` a non-negative integer (exact division, no division by zero),
+    as (i, j, op, v); both operand orders of `+` and `*`."""
+    out = []
+    for i, a in enumerate(values):
+        for j, b in enumerate(values):
+            if i == j:
+                continue
+            out += [(i, j, "+", a + b), (i, j, "*", a * b)]
+            if a >= b:
+                out.append((i, j, "-", a - b))
+            if b and a % b == 0:
+                out.append((i, j, "/", a // b))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _reaches(values: tuple[int, ...], target: int) -> bool:
+    """Whether steps with non-negative integer results combine all of `values` (sorted) into `target`."""
+    if len(values) == 1:
+        return values[0] == target
+    for i, j, _, v in _moves(values):
+        rest = tuple(sorted([x for k, x in enumerate(values) if k not in (i, j)] + [v]))
+        if _reaches(rest, target):
+            return True
+    return False
+
+
+def countdown_working(
+    nums: Sequence[int], target: int, rng: random.Random, dead_ends: int = 0
+) -> tuple[list[str], str] | None:
+    """A worked search for `target` over all of `nums`: steps that each combine two of the current numbers into a
+    non-negative integer, written `a op b=v` (the numbers, not their expressions), and the expression they build.
+
+    The search the steps record: a first step after which the numbers left cannot reach the target is a dead end;
+    `dead_ends` of them (fewer when the problem has fewer), drawn by `rng`, come first, then every step of one
+    solution (its first step drawn by `rng` among those that lead on, each later step likewise). So the same
+    problem is worked in more or fewer steps, and the expression is one of `countdown_solutions`' (non-negative
+    intermediates only).
+
+    Args:
+        nums: the numbers (each used once).
+        target: the integer to reach.
+        rng: the draws (which dead ends, which solution).
+        dead_ends: dead-end first steps to write before the solution.
+
+    Returns:
+        (steps, expression), e.g. `(["14*1=14", "14-10=4", "4+1=5"], "14-10+1")` for `[14, 1, 10] -> 5` with one
+        dead end; None when no solution with non-negative integer intermediates exists.
+    """
+    target = as_int(target, "target")
+    items = [(as_int(x, "nums"), *_leaf(as_int(x, "nums"))) for x in nums]
+    if dead_ends < 0:
+        raise ValueError(f"dead_ends must be >= 0, got {dead_ends}")
+    if not _reaches(tuple(sorted(x for x, _, _ in items)), target):
+        return None
+    steps: list[str] = []
+    first = True
+    while len(items) > 1:
+        values = [x for x, _, _ in items]
+        leads, dead = [], []
+        for i, j, op, v in _moves(values):
+            rest = tuple(sorted([x for k, x in enumerate(values) if k not in (i, j)] + [v]))
+            (leads if _reaches(rest, target) else dead).append((i, j, op, v))
+        if first:
+            for i, j, op, v in rng.sample(dead, min(dead_ends, len(dead))):
+                steps.append(f"{values[i]}{op}{values[j]}={v}")
+            first = False
+        i, j, op, v = rng.choice(leads)
+        steps.append(f"{values[i]}{op}{values[j]}={v}")
+        joined = _join(items[i][1:], op, items[j][1:])
+        items = [item for k, item in enumerate(items) if k not in (i, j)] + [(v, *joined)]
+    return steps, items[0][1]
+
+
 @lru_cache(maxsize=8192)
 def _full_table(sorted_nums: tuple[int, ...], integer_only: bool) -> tuple[list[dict | None], tuple[int, ...]]:
     """Subset tables of `sorted_nums` and the sorted integer values reachable with all of them."""

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: Positions of the testbed's model: the longest compact prompt (21 characters) and a budget up to 43 tokens, or with
+#: `working` a worked search too (its warm start samples 36 tokens a response, 10% above 45): room for 171 tokens.
+COMPACT_POSITIONS = 64
+WORKING_POSITIONS = 192
+
 
 @dataclass
 class TestbedConfig:
@@ -50,3 +55,27 @@ class TestbedConfig:
         default=True,
         metadata={"help": "SFT on a random one of all solutions of a problem (else the solver's single one)."},
     )
+    working: bool = field(
+        default=False,
+        metadata={
+            "help": "SFT completions write a worked search before the answer (`14*1=14,10-1=9,14-9=5<answer>"
+            "14-(10-1)</answer>`, tasks.countdown_working): 0 to --working_dead_ends dead-end steps, then a "
+            "solution's steps, so a response's length is free apart from its correctness. The model gets "
+            "WORKING_POSITIONS positions (else COMPACT_POSITIONS)."
+        },
+    )
+    working_dead_ends: int = field(
+        default=2, metadata={"help": "With --working: the most dead-end steps an SFT completion writes (uniform)."}
+    )
+
+
+def model_positions(cfg: TestbedConfig) -> int:
+    """The positions of the testbed's model and tokenizer for `cfg`: `WORKING_POSITIONS` with `working`."""
+    return WORKING_POSITIONS if cfg.working else COMPACT_POSITIONS
+
+
+def longest_prompt_tokens(cfg: TestbedConfig) -> int:
+    """Tokens (characters) of the longest compact prompt of `cfg`'s problems: `[20, 20, 20] -> 100 :`, 21."""
+    from trl_ext.tasks import compact_prompt
+
+    return len(compact_prompt([cfg.max_number] * 3, cfg.max_target))

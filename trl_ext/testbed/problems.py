@@ -41,28 +41,38 @@ def split_labelled(train: list[dict], num_labelled: int) -> tuple[list[dict], li
     return labelled, unlabelled
 
 
-def sft_dataset(problems: list[dict], num_rows: int, all_solutions: bool, seed: int):
+def sft_dataset(
+    problems: list[dict], num_rows: int, all_solutions: bool, seed: int, working_dead_ends: int | None = None
+):
     """Prompt-completion rows for `SFTTrainer`; the completion is a solution in answer tags.
 
     With `all_solutions`: `num_rows` rows, cycling through `problems` in passes, each pass drawing every problem's
     solution afresh from all its integer-intermediate expressions that use every number (`countdown_solutions`).
     Otherwise one row per problem with the solver's solution (the trainer's epochs repeat them).
+    With `working_dead_ends` (not None): `num_rows` rows in passes, each a worked search drawn afresh
+    (`countdown_working` with 0 to `working_dead_ends` dead ends, uniformly) written before its answer.
     """
     from datasets import Dataset
 
-    from trl_ext.tasks import compact_completion, compact_prompt, countdown_solutions
+    from trl_ext.tasks import compact_completion, compact_prompt, countdown_solutions, countdown_working
 
-    def row(p: dict, solution: str) -> dict:
-        return {"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(solution)}
+    def row(p: dict, solution: str, steps: list[str] | tuple = ()) -> dict:
+        return {"prompt": compact_prompt(p["nums"], p["target"]), "completion": compact_completion(solution, steps)}
 
-    if not all_solutions:
+    def worked(p: dict, rng: random.Random) -> dict:
+        steps, expression = countdown_working(p["nums"], p["target"], rng, rng.randint(0, working_dead_ends))
+        return row(p, expression, steps)
+
+    if working_dead_ends is None and not all_solutions:
         return Dataset.from_list([row(p, p["solution"]) for p in problems])
     rng = random.Random(seed)
     rows = []
     while len(rows) < num_rows:
-        rows += [
-            row(p, rng.choice(countdown_solutions(p["nums"], p["target"]))) for p in problems[: num_rows - len(rows)]
-        ]
+        for p in problems[: num_rows - len(rows)]:
+            if working_dead_ends is not None:
+                rows.append(worked(p, rng))
+            else:
+                rows.append(row(p, rng.choice(countdown_solutions(p["nums"], p["target"]))))
     return Dataset.from_list(rows)
 
 

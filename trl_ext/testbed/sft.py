@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trl_ext.testbed.config import model_positions
 from trl_ext.testbed.problems import sft_dataset
 
 # Passes over the labelled problems materialised for SFT, each drawing one of a problem's solutions afresh.
@@ -80,7 +81,7 @@ def run_sft(
         adam_beta2=0.98,
         completion_only_loss=True,
         packing=False,
-        max_length=64,
+        max_length=model_positions(cfg),
     )
     rows_seed = cfg.seed if phase == "sft" else cfg.seed + 7919  # the control draws its own solution order
     # SFTTrainer tokenizes every row up front (39 CPU s for 1,400 steps x 128 rows) and cycles the dataset for as
@@ -89,7 +90,9 @@ def run_sft(
     trainer = SFTTrainer(
         model=model,
         args=args,
-        train_dataset=sft_dataset(labelled, num_rows, cfg.sft_all_solutions, rows_seed),
+        train_dataset=sft_dataset(
+            labelled, num_rows, cfg.sft_all_solutions, rows_seed, cfg.working_dead_ends if cfg.working else None
+        ),
         processing_class=tokenizer,
         callbacks=[progress_printer(phase)] if callbacks is None else callbacks,
     )

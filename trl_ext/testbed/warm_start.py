@@ -15,11 +15,8 @@ import random
 import shutil
 from pathlib import Path
 
-from trl_ext.testbed.config import TestbedConfig
+from trl_ext.testbed.config import TestbedConfig, model_positions
 from trl_ext.testbed.problems import DEMO_CHARS, make_splits, problem_key, split_labelled
-
-# The model's positions: the longest compact prompt (21 characters) and any completion budget up to 40 tokens.
-MAX_POSITIONS = 64
 
 
 def split_problems(cfg: TestbedConfig) -> tuple[list, list, list, set]:
@@ -47,10 +44,10 @@ def _default_problems() -> tuple[list[dict], list[dict]]:
     return testbed_problems(TestbedConfig())
 
 
-def _tokenizer():
+def _tokenizer(cfg: TestbedConfig):
     from trl_ext.tiny import build_char_tokenizer
 
-    return build_char_tokenizer(DEMO_CHARS, model_max_length=MAX_POSITIONS)
+    return build_char_tokenizer(DEMO_CHARS, model_max_length=model_positions(cfg))
 
 
 def _architecture(cfg: TestbedConfig) -> dict:
@@ -60,7 +57,7 @@ def _architecture(cfg: TestbedConfig) -> dict:
         num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads,
         intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=model_positions(cfg),
     )
 
 
@@ -68,7 +65,7 @@ def build_model(cfg: TestbedConfig):
     """The character tokenizer, the tiny Qwen3 built from `cfg` (seeded), and its parameter count."""
     from trl_ext.tiny import build_tiny_qwen3
 
-    tokenizer = _tokenizer()
+    tokenizer = _tokenizer(cfg)
     model = build_tiny_qwen3(tokenizer, seed=cfg.seed, **_architecture(cfg))
     return tokenizer, model, sum(p.numel() for p in model.parameters())
 
@@ -77,7 +74,8 @@ def model_config(cfg: TestbedConfig | None = None) -> dict:
     """The `config.json` the warm start writes, without building a model (for the preflight's plan)."""
     from trl_ext.tiny import tiny_qwen3_config
 
-    return tiny_qwen3_config(_tokenizer(), **_architecture(cfg or TestbedConfig())).to_dict()
+    cfg = cfg or TestbedConfig()
+    return tiny_qwen3_config(_tokenizer(cfg), **_architecture(cfg)).to_dict()
 
 
 def build_warm_start(path: str | os.PathLike, cfg: TestbedConfig | None = None) -> None:
@@ -103,9 +101,10 @@ def build_warm_start(path: str | os.PathLike, cfg: TestbedConfig | None = None) 
 def warm_start_step(cfg: TestbedConfig | None = None) -> str:
     """The warm-start build in a few words, for the plan."""
     cfg = cfg or TestbedConfig()
+    worked = f", completions with a worked search (up to {cfg.working_dead_ends} dead ends)" if cfg.working else ""
     return (
         f"SFT warm start of the testbed's model, {cfg.sft_steps} steps x {cfg.sft_batch_size} rows on its "
-        f"{cfg.num_labelled} labelled problems, seed {cfg.seed}; a few CPU minutes"
+        f"{cfg.num_labelled} labelled problems{worked}, seed {cfg.seed}; a few CPU minutes"
     )
 
 
