@@ -9,13 +9,17 @@ machine's (the result file then says so in `load.loaded`).
 What is recorded (`MachineLoad.record()`, under `load` in the result file):
 
 - `cpu_count`, and `loadavg_before` / `loadavg_after`: `os.getloadavg()` (1, 5 and 15 minutes) when the measurement
-  starts and ends. The 1-minute figure at the end includes the benchmark's own processes.
+  starts and ends. The 1-minute figure at the end includes the benchmark's own processes. Both are recorded, not
+  judged: a load average lags a minute behind the machine (it is still decaying from a job that just ended).
+- `others_cores_before`: the busy cores of other work in a short window (`START_WINDOW_S`) just before the
+  measurement, while the benchmark itself waits: all CPUs' busy time from `/proc/stat` minus this process's own
+  (elsewhere the 1-minute load average).
 - `own_cores`: the benchmark's CPU seconds (this process and every process it started, sampled each second) per
   wall second.
 - `others_cores`: the CPU the rest of the machine used meanwhile, in cores: all CPUs' busy time from `/proc/stat`
   over the measurement minus the benchmark's own, per wall second (Linux; elsewhere the end's 1-minute load average
   minus `own_cores`).
-- `loaded`: the load before the start or `others_cores`, per core, above `LIMIT_PER_CORE`.
+- `loaded`: `others_cores_before` or `others_cores`, per core, above `LIMIT_PER_CORE`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import psutil
 
 #: A machine counts as loaded above this many busy cores of other work per core (before the start, or meanwhile).
 LIMIT_PER_CORE = 0.5
+#: Seconds of the window before the start in which other work is measured.
+START_WINDOW_S = 3.0
 
 
 def add_load_argument(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +49,9 @@ def add_load_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def is_loaded(load_before: float, others_cores: float, cpu_count: int) -> bool:
-    """Loaded: the 1-minute load average at the start, or the other work's busy cores meanwhile, above
-    `LIMIT_PER_CORE` per core."""
-    return max(load_before, others_cores) / cpu_count > LIMIT_PER_CORE
+def is_loaded(others_before: float, others_cores: float, cpu_count: int) -> bool:
+    """Loaded: the other work's busy cores just before the start, or meanwhile, above `LIMIT_PER_CORE` per core."""
+    return max(others_before, others_cores) / cpu_count > LIMIT_PER_CORE
 
 
 class _TreeCPU(threading.Thread):
@@ -111,12 +116,32 @@ def _busy_and_total_seconds() -> tuple[float, float] | None:
     return (total - idle) / tick, total / tick
 
 
-class MachineLoad:
-    """Start it before the measurement (`MachineLoad()`), `stop()` it after; `record()` for the result file."""
+def other_cores_now(window_s: float = START_WINDOW_S) -> tuple[float, str]:
+    """Busy cores of work other than this process over the next `window_s` seconds (this process sleeps meanwhile),
+    and where the figure comes from: `/proc/stat`, or the 1-minute load average where there is none."""
+    me = psutil.Process()
+    stat0, own0, wall0 = _busy_and_total_seconds(), _TreeCPU._cpu(me), time.perf_counter()
+    if stat0 is None:
+        return os.getloadavg()[0], "loadavg"
+    time.sleep(window_s)
+    stat1, own = _busy_and_total_seconds(), _TreeCPU._cpu(me) - own0
+    wall = max(time.perf_counter() - wall0, 1e-9)
+    if stat1 is None or stat1[1] <= stat0[1]:
+        return os.getloadavg()[0], "loadavg"
+    cpu_count = os.cpu_count() or 1
+    busy = (stat1[0] - stat0[0]) / (stat1[1] - stat0[1]) * cpu_count
+    return max(0.0, busy - own / wall), "/proc/stat"
 
-    def __init__(self) -> None:
+
+class MachineLoad:
+    """Start it before the measurement (`MachineLoad()`), `stop()` it after; `record()` for the result file.
+    Starting it takes `START_WINDOW_S` seconds: the other work just before the start is measured, not read off the
+    load average."""
+
+    def __init__(self, window_s: float = START_WINDOW_S) -> None:
         self.cpu_count = os.cpu_count() or 1
         self.loadavg_before = list(os.getloadavg())
+        self.others_before, self._others_before_source = other_cores_now(window_s)
         self._tree = _TreeCPU()
         self._tree.start()
         self._start = (time.perf_counter(), _busy_and_total_seconds())
@@ -138,13 +163,15 @@ class MachineLoad:
         self._stopped = {
             "cpu_count": self.cpu_count,
             "loadavg_before": [round(x, 2) for x in self.loadavg_before],
+            "others_cores_before": round(self.others_before, 3),
+            "others_before_source": self._others_before_source,
             "loadavg_after": [round(x, 2) for x in after],
             "wall_s": round(wall, 1),
             "own_cores": round(own_cores, 3),
             "others_cores": round(others, 3),
             "others_source": source,
             "limit_per_core": LIMIT_PER_CORE,
-            "loaded": is_loaded(self.loadavg_before[0], others, self.cpu_count),
+            "loaded": is_loaded(self.others_before, others, self.cpu_count),
         }
         return self._stopped
 
@@ -159,8 +186,8 @@ def refuse_if_loaded(load: dict, allow_loaded: bool, out: str | os.PathLike) -> 
     `--quick` dry run passes `allow_loaded=True`: its figures are not results)."""
     if load["loaded"] and not allow_loaded:
         raise SystemExit(
-            f"not writing {out}: the machine was loaded (load average {load['loadavg_before'][0]} at the start, "
-            f"{load['others_cores']} cores of other work during the measurement, on {load['cpu_count']} cores; "
+            f"not writing {out}: the machine was loaded ({load['others_cores_before']} cores of other work just before "
+            f"the start, {load['others_cores']} during the measurement, on {load['cpu_count']} cores; "
             f"the limit is {LIMIT_PER_CORE} per core). Rerun on an idle machine, or add --loaded to write the "
             "figures marked as a loaded machine's."
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ finally:
 @pytest.mark.parametrize(
     ("before", "others", "cpus", "loaded"),
     [
-        (0.2, 0.1, 2, False),  # idle: 0.1 per core at the start
+        (0.2, 0.1, 2, False),  # idle: 0.1 per core just before the start
         (1.0, 0.0, 2, False),  # exactly the limit, 0.5 per core, is not above it
         (1.2, 0.0, 2, True),  # busy at the start: 0.6 per core
         (0.1, 1.5, 2, True),  # other work during the measurement: 0.75 per core
@@ -33,7 +34,7 @@ def test_a_machine_is_loaded_above_half_a_core_of_other_work_per_core(before, ot
 
 
 def test_a_loaded_measurement_is_refused_unless_marked(tmp_path):
-    load = {"loaded": True, "loadavg_before": [2.5, 2.0, 1.0], "others_cores": 1.7, "cpu_count": 2}
+    load = {"loaded": True, "others_cores_before": 1.2, "others_cores": 1.7, "cpu_count": 2}
     with pytest.raises(SystemExit, match="--loaded"):
         _load.refuse_if_loaded(load, allow_loaded=False, out=tmp_path / "x.json")
     _load.refuse_if_loaded(load, allow_loaded=True, out=tmp_path / "x.json")
@@ -48,7 +49,22 @@ def test_the_record_counts_a_child_process_as_the_benchmarks_own():
     used = float(subprocess.run([sys.executable, "-c", burn], capture_output=True, text=True, check=True).stdout)
     record = load.stop()
     assert record["own_cores"] * record["wall_s"] >= 0.9 * used
-    assert set(record) >= {"cpu_count", "loadavg_before", "loadavg_after", "others_cores", "loaded"}
+    assert set(record) >= {"cpu_count", "loadavg_before", "loadavg_after", "others_cores_before", "others_cores"}
+
+
+def test_other_work_before_the_start_is_measured_not_read_off_the_load_average():
+    """A process busy on one core during the start window counts as about one core of other work (a load average
+    would still show a job that ended a minute ago, and not yet one that just began)."""
+    burn = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 6: pass"])
+    try:
+        time.sleep(0.5)
+        others, source = _load.other_cores_now(window_s=2.0)
+    finally:
+        burn.kill()
+        burn.wait()
+    if source != "/proc/stat":
+        pytest.skip("no /proc/stat on this system: the start falls back to the load average")
+    assert 0.8 <= others <= 2.5  # the busy process's core, plus whatever else the machine ran
 
 
 def test_equal_draws_give_p_one_and_a_shifted_distribution_is_found():
