@@ -186,8 +186,8 @@ def refuse_if_loaded(load: dict, allow_loaded: bool, out: str | os.PathLike) -> 
     `--quick` dry run passes `allow_loaded=True`: its figures are not results)."""
     if load["loaded"] and not allow_loaded:
         raise SystemExit(
-            f"not writing {out}: the machine was loaded ({load['others_cores_before']} cores of other work just before "
-            f"the start, {load['others_cores']} during the measurement, on {load['cpu_count']} cores; "
+            f"not writing {out}: the machine was loaded ({load['others_cores_before']} cores of other work just "
+            f"before the start, {load['others_cores']} during the measurement, on {load['cpu_count']} cores; "
             f"the limit is {LIMIT_PER_CORE} per core). Rerun on an idle machine, or add --loaded to write the "
             "figures marked as a loaded machine's."
         )
