@@ -116,21 +116,23 @@ def _busy_and_total_seconds() -> tuple[float, float] | None:
     return (total - idle) / tick, total / tick
 
 
+def _busy_cores(stat0, stat1, cpu_count: int) -> tuple[float, str]:
+    """All CPUs' busy cores between two `_busy_and_total_seconds()` samples, and where the figure comes from:
+    `/proc/stat`, or the 1-minute load average where there are no samples."""
+    if stat0 is not None and stat1 is not None and stat1[1] > stat0[1]:
+        return (stat1[0] - stat0[0]) / (stat1[1] - stat0[1]) * cpu_count, "/proc/stat"
+    return os.getloadavg()[0], "loadavg"
+
+
 def other_cores_now(window_s: float = START_WINDOW_S) -> tuple[float, str]:
     """Busy cores of work other than this process over the next `window_s` seconds (this process sleeps meanwhile),
-    and where the figure comes from: `/proc/stat`, or the 1-minute load average where there is none."""
+    and where the figure comes from (`_busy_cores`)."""
     me = psutil.Process()
     stat0, own0, wall0 = _busy_and_total_seconds(), _TreeCPU._cpu(me), time.perf_counter()
-    if stat0 is None:
-        return os.getloadavg()[0], "loadavg"
     time.sleep(window_s)
-    stat1, own = _busy_and_total_seconds(), _TreeCPU._cpu(me) - own0
-    wall = max(time.perf_counter() - wall0, 1e-9)
-    if stat1 is None or stat1[1] <= stat0[1]:
-        return os.getloadavg()[0], "loadavg"
-    cpu_count = os.cpu_count() or 1
-    busy = (stat1[0] - stat0[0]) / (stat1[1] - stat0[1]) * cpu_count
-    return max(0.0, busy - own / wall), "/proc/stat"
+    own, wall = _TreeCPU._cpu(me) - own0, max(time.perf_counter() - wall0, 1e-9)
+    busy, source = _busy_cores(stat0, _busy_and_total_seconds(), os.cpu_count() or 1)
+    return max(0.0, busy - own / wall), source
 
 
 class MachineLoad:
@@ -153,12 +155,7 @@ class MachineLoad:
         wall = max(time.perf_counter() - wall0, 1e-9)
         own_cores = self._tree.stop() / wall
         after = list(os.getloadavg())
-        stat1 = _busy_and_total_seconds()
-        if stat0 is not None and stat1 is not None and stat1[1] > stat0[1]:
-            busy_cores = (stat1[0] - stat0[0]) / (stat1[1] - stat0[1]) * self.cpu_count
-            source = "/proc/stat"
-        else:
-            busy_cores, source = after[0], "loadavg"
+        busy_cores, source = _busy_cores(stat0, _busy_and_total_seconds(), self.cpu_count)
         others = max(0.0, busy_cores - own_cores)
         self._stopped = {
             "cpu_count": self.cpu_count,
