@@ -19,4 +19,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    from trl_ext.recipes.vllm_import import skip_unused_vllm
+
+    skip_unused_vllm()  # a run without vLLM does not pay its import (TRL's GRPO module imports it)
     main()

@@ -59,8 +59,7 @@ def test_loader_reads_dimensions_from_a_file_and_names_a_bad_row(tmp_path):
 @pytest.mark.slow
 def test_kissing_recipe_runs_one_grpo_step(tmp_path, char_tokenizer):
     """recipes/kissing.py on recipes/kissing/grpo.yaml, shrunk to a tiny model whose vocabulary holds a valid
-    2-point program as one token, favoured through `generation_kwargs`: the sandboxed reward is logged. The recipe
-    starts through tests/scripts/without_vllm.py (it generates with transformers)."""
+    2-point program as one token, favoured through `generation_kwargs`: the sandboxed reward is logged."""
     from trl_ext.tiny import build_tiny_qwen3
 
     model_dir = tmp_path / "model"
@@ -104,8 +103,7 @@ def test_kissing_recipe_runs_one_grpo_step(tmp_path, char_tokenizer):
     env["PYTHONPATH"] = str(REPO)
     accelerate = Path(sys.executable).with_name("accelerate")
     cmd = [str(accelerate), "launch", "--config_file", str(REPO / "accelerate_configs" / "cpu.yaml")]
-    # started through tests/scripts/without_vllm.py: the run generates with transformers (no vLLM imports)
-    cmd += [str(REPO / "tests" / "scripts" / "without_vllm.py"), str(REPO / "recipes" / "kissing.py")]
+    cmd += [str(REPO / "recipes" / "kissing.py")]
     cmd += ["--config", str(config)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -15,7 +15,6 @@ import pytest
 from trl_ext.preflight.rundir import make_record, plan_output_dir, write_record
 
 REPO = Path(__file__).resolve().parents[1]
-WITHOUT_VLLM = REPO / "tests" / "scripts" / "without_vllm.py"
 
 
 def _record(lr: float = 1e-5, **extra) -> dict:
@@ -75,8 +74,7 @@ def test_files_without_a_record_need_resume(tmp_path):
 def _run(cwd: Path, config: Path, home: Path, *extra: str, launcher: bool = True) -> subprocess.CompletedProcess:
     """The recipe as a user's scheduler starts it: no wandb login (fresh HOME, no key), no TTY (stdin /dev/null).
     `launcher=False` runs the entry point without `accelerate launch` (one interpreter start instead of two), for
-    the resumed run (the first one went through the launcher). The recipe starts through
-    tests/scripts/without_vllm.py: it generates with transformers."""
+    the resumed run (the first one went through the launcher)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -84,7 +82,6 @@ def _run(cwd: Path, config: Path, home: Path, *extra: str, launcher: bool = True
     if launcher:
         cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file"]
         cmd.append(str(REPO / "accelerate_configs" / "cpu.yaml"))
-    cmd.append(str(WITHOUT_VLLM))  # the run generates with transformers: vLLM hidden, 8 CPU s less of imports
     cmd += [str(REPO / "recipes" / "countdown.py"), "--config", str(config), *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
 

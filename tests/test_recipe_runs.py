@@ -2,8 +2,7 @@
 
 Each test writes a small YAML whose `base:` is a real recipe under recipes/ and overrides only the model, the data
 and the sizes, so what runs is the shipped recipe chain (objective, optimizer, generation kwargs, evaluation). The
-runs generate with transformers, so the recipe starts through tests/scripts/without_vllm.py, which hides vLLM from
-TRL's imports.
+runs generate with transformers, so the recipe script leaves vLLM unimported (`trl_ext.recipes.vllm_import`).
 """
 
 from __future__ import annotations
@@ -20,13 +19,10 @@ from outcomes import TEST_THREADS, record_margin
 
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE_CPU = REPO / "accelerate_configs" / "cpu.yaml"
-# runs the recipe with vLLM hidden (the runs generate with transformers): 8 CPU s less of imports per run
-WITHOUT_VLLM = REPO / "tests" / "scripts" / "without_vllm.py"
 
 
 def _launch(script: str, config: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file accelerate_configs/cpu.yaml recipes/<script> --config <config>`, the recipe
-    started through tests/scripts/without_vllm.py."""
+    """`accelerate launch --config_file accelerate_configs/cpu.yaml recipes/<script> --config <config>`."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -41,7 +37,6 @@ def _launch(script: str, config: Path, cwd: Path, *extra: str) -> subprocess.Com
         "launch",
         "--config_file",
         str(ACCELERATE_CPU),
-        str(WITHOUT_VLLM),
         str(REPO / "recipes" / script),
         "--config",
         str(config),
