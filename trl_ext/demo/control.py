@@ -45,7 +45,11 @@ def start_arm_process(arm: str, cfg: DemoConfig, start_dir: Path, out: Path, thr
         json.dumps({"arm": arm, "config": vars(cfg), "start_dir": str(start_dir), "out": str(out), "threads": threads})
     )
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    code = "import sys; from trl_ext.demo.control import child_main; child_main(sys.argv[1])"
+    # the arms never generate with vLLM: the expert-iteration child then does not import it through TRL's GRPO module
+    code = (
+        "import sys; from trl_ext.recipes.vllm_import import skip_unused_vllm; skip_unused_vllm([]); "
+        "from trl_ext.demo.control import child_main; child_main(sys.argv[1])"
+    )
     return subprocess.Popen([sys.executable, "-c", code, str(spec)], env=env)
 
 
