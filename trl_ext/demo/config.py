@@ -30,7 +30,7 @@ class DemoConfig(TestbedConfig):
         default=10, metadata={"help": "Held-out greedy accuracy at this many evenly spaced steps of each phase."}
     )
     # GRPO on the unlabelled problems
-    grpo_steps: int = field(default=1600, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
+    grpo_steps: int = field(default=1000, metadata={"help": "GRPO optimizer steps (one rollout batch each)."})
     grpo_batch_size: int = field(default=128, metadata={"help": "Completions per GRPO optimizer step."})
     rollout_batch_size: int = field(
         default=0, metadata={"help": "Completions per rollout (a multiple of --grpo_batch_size); 0 = grpo_batch_size."}
@@ -71,7 +71,7 @@ class DemoConfig(TestbedConfig):
         default=True, metadata={"help": "Run the SFT-only control after GRPO (--no-control: GRPO only)."}
     )
     control_steps: int = field(
-        default=840,
+        default=480,
         metadata={"help": "Control SFT steps; the default costs about GRPO's CPU seconds (both are measured)."},
     )
     parallel_arms: bool = field(
@@ -92,7 +92,7 @@ class DemoConfig(TestbedConfig):
         },
     )
     ei_steps: int = field(
-        default=240,
+        default=150,
         metadata={"help": "EI steps (--ei); the default costs about GRPO's CPU seconds (both are measured)."},
     )
     ei_questions: int = field(
