@@ -2,10 +2,10 @@
 
 import sys
 
-from trl_ext.recipes.vllm_import import skip_unused_vllm
+from trl_ext.lazy import hide_vllm
 
-skip_unused_vllm()  # the demo never uses vLLM: TRL's GRPO module then does not import it
+hide_vllm()  # the demo never generates with vLLM: TRL's GRPO module then does not import it
 
-from trl_ext.demo.run import main  # noqa: E402 - after the import decision above
+from trl_ext.demo.run import main  # noqa: E402 - after vLLM is hidden
 
 sys.exit(main() and 0)

@@ -47,7 +47,7 @@ def start_arm_process(arm: str, cfg: DemoConfig, start_dir: Path, out: Path, thr
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     # the arms never generate with vLLM: the expert-iteration child then does not import it through TRL's GRPO module
     code = (
-        "import sys; from trl_ext.recipes.vllm_import import skip_unused_vllm; skip_unused_vllm([]); "
+        "import sys; from trl_ext.lazy import hide_vllm; hide_vllm(); "
         "from trl_ext.demo.control import child_main; child_main(sys.argv[1])"
     )
     return subprocess.Popen([sys.executable, "-c", code, str(spec)], env=env)

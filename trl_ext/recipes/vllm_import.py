@@ -4,17 +4,19 @@ TRL's GRPO module imports vLLM whenever it is installed (`trl.generation.vllm_ge
 CPU seconds of a trainer process's start on a 2-core CPU (23 s against 13 s to import `AblationGRPOTrainer`), though
 a run with `use_vllm: false` never calls it. That is most of a short CPU run's start, and a study of CPU runs pays it
 once per run. So a recipe script run as a program calls `skip_unused_vllm(argv)` before anything imports TRL: when
-the recipe states no use of vLLM, `sys.modules["vllm"] = None` makes `importlib.util.find_spec("vllm")` None, so
-TRL's `is_vllm_available()` is False and none of vLLM loads.
+the recipe states no use of vLLM, `trl_ext.lazy.hide_vllm` makes TRL's `is_vllm_available()` False and none of vLLM
+loads.
 
-Only program entry points call it (`recipes/*.py` under `if __name__ == "__main__"`, `python -m trl_ext.demo`): a
-function called inside another program (a test, a notebook) leaves that program's imports alone.
+Only program entry points call it (`recipes/*.py` under `if __name__ == "__main__"`): a function called inside another
+program (a test, a notebook) leaves that program's imports alone.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+
+from trl_ext.lazy import hide_vllm
 
 _OFF = (False, "false", "False", "0", "no")
 
@@ -40,7 +42,4 @@ def skip_unused_vllm(argv: Sequence[str] | None = None) -> bool:
     """Hide vLLM from this process when the recipe command line (default `sys.argv[1:]`) does not use it
     (`uses_vllm`) and nothing has imported it yet. Returns whether it was hidden."""
     argv = sys.argv[1:] if argv is None else argv
-    if "vllm" in sys.modules or uses_vllm(argv):
-        return False
-    sys.modules["vllm"] = None  # type: ignore[assignment]  # import vllm -> ImportError; find_spec -> None
-    return True
+    return "vllm" not in sys.modules and not uses_vllm(argv) and hide_vllm()
