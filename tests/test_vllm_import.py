@@ -16,7 +16,7 @@ from trl_ext.recipes.vllm_import import uses_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-GRPO_TASKS = {"countdown": "countdown", "gsm8k": "gsm8k", "math": "math", "kissing": "kissing"}
+GRPO_TASKS = ("countdown", "gsm8k", "math", "kissing")  # each folder is named for its task
 
 
 def _shipped() -> list[Path]:
@@ -34,7 +34,7 @@ def _parsed_uses_vllm(recipe: Path, extra: list[str]) -> bool:
     if "n_ei_steps" in load_recipe_yaml(recipe):  # an EI recipe (gsm8k/, math/)
         _, args, _ = parse_ei_args(argv)
         return bool(args.use_vllm)
-    _, args, _ = parse_recipe_args(GRPO_TASKS[folder], argv)
+    _, args, _ = parse_recipe_args(folder, argv)
     return bool(args.use_vllm)
 
 

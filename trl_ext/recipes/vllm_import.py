@@ -41,5 +41,4 @@ def uses_vllm(argv: Sequence[str]) -> bool:
 def skip_unused_vllm(argv: Sequence[str] | None = None) -> bool:
     """Hide vLLM from this process when the recipe command line (default `sys.argv[1:]`) does not use it
     (`uses_vllm`) and nothing has imported it yet. Returns whether it was hidden."""
-    argv = sys.argv[1:] if argv is None else argv
-    return "vllm" not in sys.modules and not uses_vllm(argv) and hide_vllm()
+    return not uses_vllm(sys.argv[1:] if argv is None else argv) and hide_vllm()
